@@ -1,0 +1,36 @@
+# Two entry points do all set-up on a fresh machine: `make demo` and `make test`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: demo test lint generate bench clean
+
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+# Grade the bundled example class: one row per student, one results file each.
+demo: $(STAMP)
+	$(BIN)/python -m autograder grade examples/class/* --stage 01_attention --results-dir build/demo
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -n 2 -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+# Regenerate student notebooks and public self-check data from solutions + specs.
+generate: $(STAMP)
+	$(BIN)/python -m autograder generate
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_grade.py
+
+clean:
+	rm -rf $(VENV) build

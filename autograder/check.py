@@ -1,0 +1,115 @@
+"""One case: from what a call produced to a verdict, a message and a named mistake.
+
+Shared by the grader (on what the child returned) and by the notebook self-check (on
+what the student's function returned in the kernel), so a student sees in the notebook
+exactly the message the grader will give.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from autograder.compare import compare, matches
+from autograder.results import CaseResult
+from autograder.spec import Tolerance
+
+Item = tuple[str, Tensor | None, Mapping[str, str]]  # (kind, plain tensor, facts) per output
+
+KIND_NAMES = {
+    "tensor": "a torch.Tensor",
+    "ndarray": "a numpy.ndarray",
+    "scalar": "a Python/numpy number",
+}
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What the trusted side knows about one case."""
+
+    name: str
+    signature: str
+    outputs: tuple[str, ...]
+    returns: str  # tensor | ndarray | scalar
+    values: Sequence[Tensor]  # expected, one per output
+    regions: Sequence[Tensor | None]
+    tolerance: Tolerance
+    device: str | None  # the device outputs must be on; None: not checked
+    variants: Sequence[tuple[str, Sequence[Tensor]]]  # (misconception id, outputs)
+
+
+def failure_message(name: str, signature: str, status: str, info: Mapping[str, object]) -> str:
+    """The student-facing sentence for a call that did not return usable values."""
+    where = f" ({info['where']})" if info.get("where") else ""
+    if status == "missing":
+        return f"`{name}` is not defined. Define it at the top level of a code cell: {signature}."
+    if status == "not_callable":
+        return (
+            f"`{name}` {info.get('type', 'is not callable')!s} — expected {signature}."
+            if str(info.get("type", "")).startswith("is ")
+            else f"`{name}` is a {info.get('type')}, not something that can be called: {signature}."
+        )
+    if status == "not_implemented":
+        return f"`{name}` is not implemented yet (it raises NotImplementedError)."
+    if status == "type_error":
+        return (
+            f"calling {signature} raised TypeError: {info.get('message', '')}{where}. "
+            f"Check that your definition takes exactly these parameters."
+        )
+    if status == "error":
+        return f"raised {info.get('type', 'an exception')}: {info.get('message', '')}{where}"
+    if status == "forbidden":
+        calls = ", ".join(str(c) for c in info.get("calls", []))  # type: ignore[union-attr]
+        return f"`{name}` called {calls}, which this task forbids: build it from basic tensor operations."
+    return str(info.get("message", status))
+
+
+def check_case(
+    label: str,
+    status: str,
+    info: Mapping[str, object],
+    items: Sequence[Item],
+    exp: Expectation,
+    hints: Mapping[str, str],
+) -> CaseResult:
+    if status != "ok":
+        return CaseResult(label, False, failure_message(exp.name, exp.signature, status, info))
+    problems: list[str] = []
+    got: list[Tensor | None] = []
+    for out_name, (kind, tensor, facts), want, region in zip(
+        exp.outputs, items, exp.values, exp.regions, strict=True
+    ):
+        prefix = f"`{out_name}`: " if len(exp.outputs) > 1 else ""
+        if kind != exp.returns:
+            what = KIND_NAMES.get(kind, f"a {facts.get('type', 'value')}")
+            problems.append(f"{prefix}returned {what}; expected {KIND_NAMES[exp.returns]}")
+            got.append(None)
+            continue
+        got.append(tensor)
+        if exp.device is not None and kind == "tensor":
+            dev = facts.get("device", "?")
+            if torch.device(dev).type != torch.device(exp.device).type:
+                problems.append(f"{prefix}is on {dev}; expected {exp.device}, the inputs' device")
+                continue
+        assert tensor is not None
+        cmp = compare(tensor, want, exp.tolerance, region)
+        if not cmp.ok:
+            problems.append(prefix + cmp.message)
+    if not problems:
+        return CaseResult(label, True, "passed")
+    found: list[str] = []
+    for mid, outs in exp.variants:
+        if mid in found:
+            continue
+        if all(
+            g is not None and matches(g, v, exp.tolerance, r)
+            for g, v, r in zip(got, outs, exp.regions, strict=True)
+        ):
+            found.append(mid)
+    message = "; ".join(problems)
+    for mid in found:
+        message += f"\n    likely mistake [{mid}]: {hints.get(mid, '')}"
+    return CaseResult(label, False, message, found)

@@ -1,0 +1,159 @@
+"""The untrusted side: run one submission's cells, then the planned calls.
+
+A child is forked from the fork server (autograder/forkserver.py) once per submission
+(and again after a hang or crash, resuming where it stopped). It reads a plan (JSON) and
+case inputs (safetensors) from its job directory, executes the student's code in one
+namespace as a kernel would, calls each graded name, and writes the returned tensors to
+``out/<call>.safetensors``. It reports progress as JSON lines on an inherited pipe. It
+never sees the reference or an expected value, and it writes no result: the parent
+reads what it left only after it has exited.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import linecache
+import os
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors.torch
+import torch
+
+from autograder import wire
+from autograder.harness import _describe, run_call
+
+MAX_TEXT = 2000
+MAX_OUTPUT_ELEMENTS = 1 << 24  # per call; far above any case, far below a memory problem
+
+
+class _NoShell:
+    """Stands in for ``get_ipython()``: magics and ``!`` lines are neutralised, never run."""
+
+    def __init__(self, emit) -> None:
+        self._emit = emit
+
+    def _note(self, what: str) -> None:
+        self._emit(
+            e="note",
+            text=f"neutralised {what[:120]!r}: magics and shell lines do not run when grading",
+        )
+
+    def run_line_magic(self, name: str, line: str = "", *a: Any, **k: Any) -> None:
+        self._note(f"%{name} {line}".strip())
+
+    def run_cell_magic(self, name: str, line: str = "", cell: str = "", *a: Any, **k: Any) -> None:
+        self._note(f"%%{name} {line}".strip())
+
+    def system(self, cmd: str = "", *a: Any, **k: Any) -> None:
+        self._note(f"!{cmd}")
+
+    def getoutput(self, cmd: str = "", *a: Any, **k: Any) -> list[str]:
+        self._note(f"!{cmd}")
+        return []
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: None
+
+
+def _text(x: Any) -> str:
+    try:
+        return str(x)[:MAX_TEXT]
+    except BaseException:
+        return "<unprintable>"
+
+
+def _reseed(index: int) -> None:
+    # Student code that draws random numbers gets the same ones on every run, whatever
+    # ran before it (a restart after a hang resumes mid-plan).
+    random.seed(index)
+    np.random.seed(index)
+    torch.manual_seed(index)
+
+
+def _run_call(
+    ns: dict[str, Any], call: dict[str, Any], tensors: dict, device: str, out: Path
+) -> dict:
+    data = {k: wire.decode(v, tensors, device) for k, v in call["data"].items()}
+    status, info, items = run_call(
+        ns, call["name"], call["kind"], data, call["outputs"], call["forbidden"], device
+    )
+    if status != "ok":
+        return {"status": status, **info}
+    saved, described, total = {}, [], 0
+    for k, (kind, t, facts) in enumerate(items):
+        if t is not None:
+            total += t.numel()
+            if total > MAX_OUTPUT_ELEMENTS:
+                return {
+                    "status": "bad_return",
+                    "message": f"returned more than {MAX_OUTPUT_ELEMENTS} numbers",
+                }
+            saved[f"o{k}"] = t
+        described.append({"kind": kind, **{f: _text(v)[:100] for f, v in facts.items()}})
+    safetensors.torch.save_file(saved, str(out / f"{call['index']}.safetensors"))
+    return {"status": "ok", "outputs": described}
+
+
+def main(job_dir: str, event_fd: int) -> int:
+    """Entry point in the forked child. Returns the exit code."""
+    job = Path(job_dir)
+    events = os.fdopen(event_fd, "wb", buffering=0)
+
+    def emit(**event: Any) -> None:
+        events.write((json.dumps(event) + "\n").encode())
+
+    log = os.open(job / "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+
+    plan = json.loads((job / "plan.json").read_text())
+    resume = json.loads((job / "resume.json").read_text())
+    tensors = safetensors.torch.load_file(str(job / "inputs.safetensors"))
+    out = job / "out"
+    device = plan["device"]
+    torch.set_num_threads(1)  # one core per child: grading parallelises across submissions
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    os.chdir(job / "work")
+    sys.argv = [plan["module_name"]]
+
+    ns: dict[str, Any] = {"__name__": plan["module_name"], "__builtins__": builtins}
+    shell = _NoShell(emit)
+    ns["get_ipython"] = lambda: shell
+    skip_cells = set(resume["skip_cells"])
+    for i, (label, source) in enumerate(plan["cells"]):
+        if i in skip_cells:
+            continue
+        emit(e="cell", i=i)
+        _reseed(i)
+        filename = f"<submission {label}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        try:
+            exec(compile(source, filename, "exec"), ns)
+        except BaseException as exc:
+            emit(e="cell_error", i=i, **_describe(exc))
+    skip_calls = set(resume["skip_calls"])
+    for call in plan["calls"]:
+        j = call["index"]
+        if j in skip_calls:
+            continue
+        emit(e="call", i=j)
+        _reseed(10_000 + j)
+        emit(e="call_end", i=j, **_run_call(ns, call, tensors, device, out))
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    emit(e="done")
+    return 0

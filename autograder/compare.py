@@ -1,0 +1,114 @@
+"""Numeric comparison of a result with its expected value, with a message a student can use.
+
+Shared by the grader (trusted parent) and the notebook self-check; torch only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from autograder.spec import Tolerance
+
+
+@dataclass(frozen=True)
+class Comparison:
+    ok: bool
+    message: str  # one line: what was expected, what was given
+    max_abs: float | None = None
+    max_rel: float | None = None
+    where: tuple[int, ...] | None = None
+
+
+def _fmt_shape(t: Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+def _index(flat: int, shape: torch.Size) -> tuple[int, ...]:
+    idx = []
+    for size in reversed(shape):
+        idx.append(flat % size)
+        flat //= size
+    return tuple(reversed(idx))
+
+
+def _region(region: Tensor | None, shape: torch.Size) -> Tensor:
+    if region is None:
+        return torch.ones(shape, dtype=torch.bool)
+    return region.to("cpu").expand(shape)
+
+
+def compare(
+    got: Tensor, expected: Tensor, tol: Tolerance, region: Tensor | None = None
+) -> Comparison:
+    """Compare shape, dtype and values (within ``tol``, only where ``region`` is True)."""
+    got, expected = got.detach().cpu(), expected.detach().cpu()
+    if got.shape != expected.shape:
+        return Comparison(False, f"expected shape {_fmt_shape(expected)}, got {_fmt_shape(got)}")
+    if got.dtype != expected.dtype:
+        return Comparison(False, f"expected dtype {expected.dtype}, got {got.dtype}")
+    keep = _region(region, expected.shape)
+    if got.numel() == 0:
+        return Comparison(True, "equal (empty)")
+
+    if not (expected.is_floating_point() or expected.is_complex()):
+        wrong = (got != expected) & keep
+        n = int(wrong.sum())
+        if n == 0:
+            return Comparison(True, "equal")
+        at = _index(int(wrong.flatten().nonzero()[0]), expected.shape)
+        return Comparison(
+            False,
+            f"{n} of {int(keep.sum())} values differ; first at {list(at)}: "
+            f"expected {expected[at].item()}, got {got[at].item()}",
+            where=at,
+        )
+
+    g64, e64 = got.double(), expected.double()
+    finite = torch.isfinite(g64)
+    bad_nonfinite = ~finite & torch.isfinite(e64) & keep
+    if bad_nonfinite.any():
+        n = int(bad_nonfinite.sum())
+        at = _index(int(bad_nonfinite.flatten().nonzero()[0]), expected.shape)
+        return Comparison(
+            False,
+            f"{n} value(s) are NaN or inf where a finite number was expected; "
+            f"first at {list(at)}: expected {e64[at].item():.6g}, got {g64[at].item()}",
+            where=at,
+        )
+    diff = torch.where(keep & finite, (g64 - e64).abs(), torch.zeros((), dtype=torch.float64))
+    diff = torch.nan_to_num(diff, nan=0.0)
+    bound = tol.atol + tol.rtol * e64.abs()
+    bad = (diff > bound) & keep
+    flat = int(diff.flatten().argmax())
+    at = _index(flat, expected.shape)
+    max_abs = float(diff.flatten()[flat])
+    rel = diff / e64.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    rel = torch.where(e64 != 0, rel, torch.zeros((), dtype=torch.float64))
+    max_rel = float(rel.max())
+    if not bad.any():
+        return Comparison(True, f"max abs error {max_abs:.2e}", max_abs, max_rel, at)
+    n = int(bad.sum())
+    return Comparison(
+        False,
+        f"{n} of {int(keep.sum())} values differ; max abs error {max_abs:.3g} at {list(at)} "
+        f"(expected {e64[at].item():.6g}, got {g64[at].item():.6g}); max rel error {max_rel:.3g}; "
+        f"tolerance atol={tol.atol:g}, rtol={tol.rtol:g}",
+        max_abs,
+        max_rel,
+        at,
+    )
+
+
+def matches(got: Tensor, candidate: Tensor, tol: Tolerance, region: Tensor | None = None) -> bool:
+    """Does ``got`` equal ``candidate`` (a known mistake's output), NaN matching NaN?"""
+    got, candidate = got.detach().cpu(), candidate.detach().cpu()
+    if got.shape != candidate.shape or got.dtype != candidate.dtype:
+        return False
+    keep = _region(region, candidate.shape)
+    if not candidate.is_floating_point():
+        return bool(((got == candidate) | ~keep).all())
+    close = torch.isclose(got.double(), candidate.double(), tol.rtol, tol.atol, equal_nan=True)
+    return bool((close | ~keep).all())

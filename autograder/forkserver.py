@@ -1,0 +1,108 @@
+"""A fork server: one clean interpreter, torch already imported, forks a child per job.
+
+Importing torch costs seconds; forking a process that has imported it costs
+milliseconds. The server is started with ``python -m autograder.forkserver`` (a fresh
+interpreter, so it has never imported the reference, a stage spec or an expected value:
+nothing secret can be inherited by a fork), imports ``autograder.child`` and then waits.
+
+Protocol, over an inherited SOCK_SEQPACKET socket (its fd number is argv[1]):
+  parent -> server  {"job": DIR, "id": N}  with one fd attached: the event pipe's write end
+  server -> parent  {"id": N, "pid": PID}  once forked
+  server -> parent  {"id": N, "exit": CODE} when it has exited (negative: killed by signal)
+The child starts a new session, so the parent can kill it and everything it spawned
+with one ``killpg``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import socket
+import sys
+
+
+def _child(sock: socket.socket, job: str, event_fd: int) -> None:
+    code = 70
+    try:
+        sock.close()
+        os.setsid()
+        from autograder import child
+
+        code = child.main(job, event_fd)
+    except BaseException:
+        code = 71
+    finally:
+        os._exit(code)
+
+
+def _warm_up() -> None:
+    """Pay every lazy import and first-call cost once here, not once per child."""
+    import io
+    import traceback  # noqa: F401
+
+    import safetensors.torch
+    import torch
+
+    from autograder.harness import ForbiddenCallDetector, run_call
+
+    torch.set_num_threads(1)  # before any op: no thread pool exists to be broken by fork()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    with ForbiddenCallDetector(("aten::_softmax", "torch.nn.functional.softmax")):
+        torch.nn.functional.softmax(x @ x.mT.float().double(), dim=-1).masked_fill(
+            x[:, :3] > 0, 0.0
+        )
+    run_call(
+        {"f": lambda t: (t.exp(), t > 0)},
+        "f",
+        "function",
+        {"args": (x,)},
+        ("a", "b"),
+        ("aten::x",),
+        "cpu",
+    )
+    safetensors.torch.load(safetensors.torch.save({"x": x}))
+    io.StringIO()
+
+
+def serve(fd: int) -> None:
+    import autograder.child  # noqa: F401  (the preload: torch, numpy, safetensors)
+
+    _warm_up()
+
+    sock = socket.socket(fileno=fd)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ, None)
+    running: dict[int, tuple[int, int]] = {}  # pidfd -> (request id, pid)
+    while True:
+        for key, _ in sel.select():
+            if key.data is None:
+                msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, 1)
+                if not msg:  # the parent has gone: leave, our children are killed by it
+                    return
+                req = json.loads(msg)
+                pid = os.fork()
+                if pid == 0:
+                    sel.close()
+                    for pidfd in running:
+                        os.close(pidfd)
+                    _child(sock, req["job"], fds[0])
+                for f in fds:
+                    os.close(f)
+                pidfd = os.pidfd_open(pid)
+                running[pidfd] = (req["id"], pid)
+                sel.register(pidfd, selectors.EVENT_READ, pidfd)
+                sock.send(json.dumps({"id": req["id"], "pid": pid}).encode())
+            else:
+                pidfd = key.data
+                rid, pid = running.pop(pidfd)
+                sel.unregister(pidfd)
+                os.close(pidfd)
+                _, status = os.waitpid(pid, 0)
+                sock.send(
+                    json.dumps({"id": rid, "exit": os.waitstatus_to_exitcode(status)}).encode()
+                )
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))

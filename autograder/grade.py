@@ -1,0 +1,305 @@
+"""The trusted pipeline: load → run (child) → check → diagnose → score.
+
+A ``Grader`` holds one fork server and, per (stage, device), a ``StagePlan``: the seeded
+case inputs, the reference's expected outputs and every misconception variant's outputs,
+computed once per grading run and shared by all submissions. Only this process ever
+sees expected values; the child gets inputs alone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from autograder.check import Expectation, check_case, failure_message
+from autograder.harness import invoke, split_outputs
+from autograder.load import LoadError, Source, find_stage_file, load_source
+from autograder.results import CaseResult, StageResult, SubmissionResult, TestResult
+from autograder.runner import (
+    CallOutcome,
+    ForkServer,
+    Limits,
+    Planned,
+    RunReport,
+    encode_inputs,
+    run_submission,
+)
+from autograder.spec import CaseData, Graded, StageSpec, Test, build_case, tolerance_for
+from autograder.stages import load_spec
+
+
+def _data_dict(data: CaseData) -> dict[str, Any]:
+    return {
+        "args": data.args,
+        "kwargs": dict(data.kwargs),
+        "init_args": data.init_args,
+        "init_kwargs": dict(data.init_kwargs),
+        "state": dict(data.state) if data.state else None,
+    }
+
+
+def _on(value: Any, device: str) -> Any:
+    """A deep copy of a case value with tensors on ``device`` (the reference may not mutate cases)."""
+    if isinstance(value, Tensor):
+        return value.to(device, copy=True)
+    if isinstance(value, tuple):
+        return tuple(_on(v, device) for v in value)
+    if isinstance(value, list):
+        return [_on(v, device) for v in value]
+    if isinstance(value, dict):
+        return {k: _on(v, device) for k, v in value.items()}
+    return value
+
+
+def run_trusted(fn: Any, graded: Graded, data: CaseData, device: str) -> list[Tensor]:
+    """Outputs of the reference (or a variant) on one case, as CPU tensors."""
+    result = invoke(fn, graded.kind, _on(_data_dict(data), device), device)
+    outs = []
+    for item in split_outputs(result, graded.outputs):
+        if isinstance(item, Tensor):
+            outs.append(item.detach().cpu())
+        else:
+            outs.append(torch.as_tensor(item).cpu())
+    return outs
+
+
+@dataclass
+class PlannedCase:
+    index: int
+    graded: Graded
+    test: Test
+    label: str
+    expectation: Expectation
+
+
+@dataclass
+class StagePlan:
+    spec: StageSpec
+    device: str
+    cases: list[PlannedCase]
+    calls: list[Planned]
+    inputs: dict[str, Tensor]
+
+    @classmethod
+    def build(cls, spec: StageSpec, device: str, hidden: bool = True) -> StagePlan:
+        """Cases of ``spec`` (public only unless ``hidden``) with their expected outputs."""
+        cases, items = [], []
+        index = 0
+        for graded in spec.graded:
+            for test in graded.tests:
+                if test.hidden and not hidden:
+                    continue
+                for case in test.cases:
+                    data = build_case(spec, graded, test, case)
+                    expected = run_trusted(graded.reference, graded, data, device)
+                    variants = []
+                    for variant in graded.variants:
+                        try:
+                            variants.append(
+                                (
+                                    variant.misconception,
+                                    run_trusted(variant.fn, graded, data, device),
+                                )
+                            )
+                        except ValueError:  # a variant that does not apply to this case
+                            continue
+                    regions = (
+                        graded.graded_region(data)
+                        if graded.graded_region
+                        else (None,) * len(graded.outputs)
+                    )
+                    has_tensor = any(
+                        isinstance(a, Tensor) for a in (*data.args, *data.kwargs.values())
+                    )
+                    expectation = Expectation(
+                        name=graded.name,
+                        signature=graded.signature,
+                        outputs=graded.outputs,
+                        returns=graded.returns,
+                        values=expected,
+                        regions=[None if r is None else r.cpu() for r in regions],
+                        tolerance=tolerance_for(test.dtype, device),
+                        device=device if graded.check_device and has_tensor else None,
+                        variants=variants,
+                    )
+                    cases.append(PlannedCase(index, graded, test, case.label, expectation))
+                    items.append((index, _data_dict(data)))
+                    index += 1
+        skeletons, inputs = encode_inputs(items)
+        calls = [
+            Planned(
+                pc.index,
+                pc.graded.name,
+                pc.graded.kind,
+                pc.graded.outputs,
+                pc.graded.forbidden,
+                skeletons[pc.index],
+            )
+            for pc in cases
+        ]
+        return cls(spec, device, cases, calls, inputs)
+
+
+def _cell_notes(source: Source, report: RunReport) -> list[str]:
+    notes = list(source.notes)
+    for i, err in sorted(report.cell_errors.items()):
+        label = source.cells[i][0] if i < len(source.cells) else f"cell {i}"
+        where = f" at {err['where']}" if err.get("where") else ""
+        notes.append(f"{label} raised {err.get('type')}: {err.get('message', '')[:300]}{where}")
+    return notes + report.notes
+
+
+def _test_output(test: Test, cases: list[CaseResult], score: float, forbidden: str | None) -> str:
+    passed = sum(c.passed for c in cases)
+    lines = [f"{passed}/{len(cases)} cases passed; {score:g}/{test.points:g} points."]
+    if forbidden:
+        lines.append(forbidden)
+    for c in cases:
+        lines.append(f"{'✓' if c.passed else '✗'} {c.label}: {c.message}")
+    return "\n".join(lines)
+
+
+def score_stage(
+    plan: StagePlan,
+    file: str | None,
+    outcomes: dict[int, CallOutcome] | None,
+    notes: list[str],
+    failure: str | None = None,
+    stdout: str = "",
+) -> StageResult:
+    """Turn call outcomes into test results. ``failure`` (a load problem) fails every case."""
+    spec = plan.spec
+    by_test: dict[tuple[str, str], list[tuple[PlannedCase, CaseResult]]] = {}
+    forbidden: dict[str, str] = {}
+    for pc in plan.cases:
+        if failure is not None or outcomes is None:
+            result = CaseResult(pc.label, False, failure or "not graded")
+        else:
+            o = outcomes[pc.index]
+            result = check_case(
+                pc.label, o.status, o.info, o.outputs, pc.expectation, spec.misconceptions
+            )
+            if o.status == "forbidden" and pc.graded.name not in forbidden:
+                forbidden[pc.graded.name] = failure_message(
+                    pc.graded.name, pc.graded.signature, o.status, o.info
+                )
+        by_test.setdefault((pc.graded.name, pc.test.group), []).append((pc, result))
+    tests = []
+    number = 0
+    for graded in spec.graded:
+        for test in graded.tests:
+            pairs = by_test.get((graded.name, test.group))
+            if not pairs:
+                continue
+            number += 1
+            results = [r for _, r in pairs]
+            passed = sum(r.passed for r in results)
+            if graded.name in forbidden:
+                score = 0.0  # a forbidden call anywhere in this name costs all of its points
+            elif test.partial_credit:
+                score = round(test.points * passed / len(results), 4)
+            else:
+                score = float(test.points) if passed == len(results) else 0.0
+            mistakes: list[str] = []
+            for r in results:
+                for m in r.misconceptions:
+                    if m not in mistakes:
+                        mistakes.append(m)
+            tests.append(
+                TestResult(
+                    stage=spec.id,
+                    function=graded.name,
+                    group=test.group,
+                    number=f"{spec.number}.{number}",
+                    max_score=float(test.points),
+                    score=score,
+                    hidden=test.hidden,
+                    cases=results,
+                    misconceptions=mistakes,
+                    output=_test_output(test, results, score, forbidden.get(graded.name)),
+                )
+            )
+    return StageResult(spec.id, file, tests, notes, stdout)
+
+
+class Grader:
+    """Grades submissions; holds the fork server and the per-stage expected values."""
+
+    def __init__(self, device: str = "cpu", limits: Limits | None = None) -> None:
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("--device cuda was asked for, but torch sees no CUDA device here")
+        self.device = device
+        self.limits = limits or Limits()
+        self._plans: dict[str, StagePlan] = {}
+        self._server: ForkServer | None = None
+
+    def plan(self, stage: str) -> StagePlan:
+        if stage not in self._plans:
+            self._plans[stage] = StagePlan.build(load_spec(stage), self.device)
+        return self._plans[stage]
+
+    @property
+    def server(self) -> ForkServer:
+        if self._server is None:
+            self._server = ForkServer()
+        return self._server
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def __enter__(self) -> Grader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def grade_stage(self, submission: Path, stage: str) -> StageResult:
+        plan = self.plan(stage)
+        path = find_stage_file(submission, stage)
+        if path is None:
+            return score_stage(
+                plan,
+                None,
+                None,
+                [],
+                failure=(f"no {stage}.ipynb or {stage}.py in the submission: this stage scores 0"),
+            )
+        shown = path.name if submission.is_dir() else submission.name
+        try:
+            source = load_source(path, stage)
+        except LoadError as exc:
+            return score_stage(plan, shown, None, [str(exc)], failure=str(exc))
+        spec_limits = Limits(
+            call_s=self.limits.call_s or plan.spec.call_timeout_s,
+            cell_s=self.limits.cell_s,
+            submission_s=self.limits.submission_s,
+        )
+        report = run_submission(
+            self.server,
+            source.cells,
+            source.module_name,
+            plan.calls,
+            plan.inputs,
+            self.device,
+            spec_limits,
+        )
+        return score_stage(
+            plan, shown, report.calls, _cell_notes(source, report), stdout=report.stdout
+        )
+
+    def grade(
+        self, submission: Path, stages: list[str], student: str | None = None
+    ) -> SubmissionResult:
+        t0 = time.monotonic()
+        results = [self.grade_stage(submission, s) for s in stages]
+        name = student or (submission.name if submission.is_dir() else submission.stem)
+        return SubmissionResult(name, results, time.monotonic() - t0)

@@ -1,0 +1,227 @@
+"""Calling a graded name the way its spec says, and catching forbidden library calls.
+
+Runs wherever student code runs: in the grading child, and in the student's own kernel
+for the self-check. It imports neither the reference nor any stage spec.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+def _api_name(func: Any) -> str:
+    """``torch.nn.functional.softmax``, ``torch.Tensor.softmax``, ``torch.softmax``..."""
+    name = getattr(func, "__name__", None) or repr(func)
+    module = getattr(func, "__module__", None)
+    qual = getattr(func, "__qualname__", name)
+    if qual.startswith(("TensorBase.", "_TensorBase.")):
+        return "torch.Tensor." + name
+    if module in (None, "torch._C._VariableFunctions", "torch._C"):
+        return f"torch.{name}"
+    if module == "torch._C._nn":
+        return f"torch._C._nn.{name}"
+    if module == "torch._C._special":
+        return f"torch.special.{name}"
+    return f"{module}.{qual}"
+
+
+class _NameCalls(TorchFunctionMode):
+    """Remembers which public torch API call is running, to name it in messages."""
+
+    def __init__(self, detector: ForbiddenCallDetector) -> None:
+        super().__init__()
+        self.detector = detector
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.detector._api_stack.append(_api_name(func))
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.detector._api_stack.pop()
+
+
+class _WatchOps(TorchDispatchMode):
+    """Sees every aten operator that actually runs, whatever alias reached it."""
+
+    def __init__(self, detector: ForbiddenCallDetector) -> None:
+        super().__init__()
+        self.detector = detector
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.detector._saw(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+@dataclass
+class ForbiddenCallDetector:
+    """Context manager recording calls to operators matching ``patterns``.
+
+    Detection is at the operator level (a TorchDispatchMode), so ``torch.softmax``,
+    ``F.softmax``, ``Tensor.softmax``, ``torch.special.softmax`` and library modules
+    that call them all land on ``aten::_softmax``; a TorchFunctionMode names the API call
+    the student made, for the message.
+    """
+
+    patterns: tuple[str, ...]
+    found: list[str] = field(default_factory=list)
+    _api_stack: list[str] = field(default_factory=list)
+
+    def _saw(self, op: str) -> None:
+        if any(fnmatch.fnmatchcase(op, p) for p in self.patterns):
+            api = self._api_stack[0] if self._api_stack else None
+            what = f"{api} ({op})" if api else op
+            if what not in self.found:
+                self.found.append(what)
+
+    def __enter__(self) -> ForbiddenCallDetector:
+        if self.patterns:
+            self._modes = [_NameCalls(self), _WatchOps(self)]
+            for m in self._modes:
+                m.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.patterns:
+            for m in reversed(self._modes):
+                m.__exit__(None, None, None)
+
+
+class NotAModule(TypeError):
+    pass
+
+
+def invoke(obj: Any, kind: str, data: dict[str, Any], device: str) -> Any:
+    """Call a graded function, or build, load and run a graded module, on ``data``."""
+    args, kwargs = data.get("args", ()), data.get("kwargs", {})
+    if kind == "function":
+        return obj(*args, **kwargs)
+    if not (isinstance(obj, type) and issubclass(obj, torch.nn.Module)):
+        raise NotAModule(f"is a {type(obj).__name__}, not an nn.Module class")
+    module = obj(*data.get("init_args", ()), **data.get("init_kwargs", {}))
+    state = data.get("state") or {}
+    floats = [t.dtype for t in state.values() if t.is_floating_point()]
+    module.to(device=device, dtype=floats[0] if floats else None)
+    module.load_state_dict(state, strict=True)
+    module.eval()
+    with torch.no_grad():
+        return module(*args, **kwargs)
+
+
+class ReturnError(TypeError):
+    """The call returned, but not the number or kind of values the spec names."""
+
+
+def split_outputs(result: Any, outputs: tuple[str, ...] | list[str]) -> list[Any]:
+    """The returned value as one item per named output, or a message saying what is wrong."""
+    if len(outputs) == 1:
+        return [result]
+    expected = f"{len(outputs)} values ({', '.join(outputs)})"
+    if not isinstance(result, tuple | list):
+        raise ReturnError(f"returned a {type(result).__name__}; expected a tuple of {expected}")
+    if len(result) != len(outputs):
+        raise ReturnError(f"returned a tuple of {len(result)} values; expected {expected}")
+    return list(result)
+
+
+_SCALARS = (bool, int, float, np.bool_, np.integer, np.floating)
+
+
+def as_plain(value: Any) -> tuple[str, torch.Tensor | None, dict[str, str]]:
+    """Classify a returned value: ("tensor"|"ndarray"|"scalar"|"other", data, facts).
+
+    Exact types only: a tensor subclass, an object with ``__array__`` or a custom
+    ``__eq__`` is "other" and fails its case, whatever it claims to hold.
+    """
+    if type(value) is torch.Tensor or type(value) is torch.nn.Parameter:
+        t = value.detach()
+        facts = {"device": str(t.device), "dtype": str(t.dtype), "type": "torch.Tensor"}
+        return "tensor", t.to("cpu").contiguous().clone(), facts
+    if type(value) is np.ndarray and value.dtype != object:
+        t = torch.from_numpy(np.ascontiguousarray(value)).clone()
+        return "ndarray", t, {"device": "cpu", "dtype": str(value.dtype), "type": "numpy.ndarray"}
+    if type(value) in (bool, int, float) or (
+        isinstance(value, np.generic)
+        and type(value).__module__ == "numpy"
+        and isinstance(value, _SCALARS)
+    ):
+        t = torch.from_numpy(np.asarray(value)).clone()
+        return "scalar", t, {"device": "cpu", "dtype": str(t.dtype), "type": type(value).__name__}
+    return "other", None, {"type": type(value).__name__}
+
+
+def _describe(exc: BaseException) -> dict[str, str]:
+    """Type, message and the student's line, without the harness's own frames."""
+    import traceback
+
+    def text(x: Any) -> str:
+        try:
+            return str(x)[:2000]
+        except BaseException:  # a hostile __str__ must not take the report with it
+            return f"<unprintable {type(x).__name__}>"
+
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<submission")
+    ]
+    where = ""
+    if frames:
+        f = frames[-1]
+        where = f"{f.filename[12:-1]}, line {f.lineno}" + (f": {f.line.strip()}" if f.line else "")
+    elif exc.__traceback__ is not None:
+        tb = traceback.extract_tb(exc.__traceback__)
+        if tb and "autograder" not in tb[-1].filename:
+            f = tb[-1]
+            where = f"line {f.lineno}" + (f": {f.line.strip()}" if f.line else "")
+    if isinstance(exc, SyntaxError) and exc.filename and exc.filename.startswith("<submission"):
+        where = f"{exc.filename[12:-1]}, line {exc.lineno}: {(exc.text or '').strip()}"
+    return {"type": type(exc).__name__, "message": text(exc), "where": where[:2000]}
+
+
+def run_call(
+    namespace: dict[str, Any],
+    name: str,
+    kind: str,
+    data: dict[str, Any],
+    outputs: tuple[str, ...] | list[str],
+    forbidden: tuple[str, ...] | list[str],
+    device: str,
+) -> tuple[str, dict[str, Any], list[tuple[str, torch.Tensor | None, dict[str, str]]]]:
+    """Call ``namespace[name]`` on ``data``: (status, info, returned items as plain tensors).
+
+    Status is one of ok, missing, not_callable, not_implemented, type_error, error,
+    forbidden, bad_return; ``autograder.check`` turns it into a message.
+    """
+    if name not in namespace:
+        return "missing", {}, []
+    obj = namespace[name]
+    if not callable(obj):
+        return "not_callable", {"type": type(obj).__name__}, []
+    detector = ForbiddenCallDetector(tuple(forbidden))
+    error: tuple[str, dict[str, Any]] | None = None
+    result: Any = None
+    try:
+        with detector:
+            result = invoke(obj, kind, data, device)
+    except NotImplementedError as exc:
+        error = "not_implemented", _describe(exc)
+    except NotAModule as exc:
+        error = "not_callable", {"type": str(exc)[:200]}
+    except TypeError as exc:
+        error = "type_error", _describe(exc)
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt too: only this call fails
+        error = "error", _describe(exc)
+    if detector.found:
+        return "forbidden", {"calls": detector.found[:5]}, []
+    if error is not None:
+        return error[0], error[1], []
+    try:
+        items = split_outputs(result, outputs)
+    except ReturnError as exc:
+        return "bad_return", {"message": str(exc)}, []
+    return "ok", {}, [as_plain(item) for item in items]

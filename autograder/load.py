@@ -1,0 +1,148 @@
+"""From a submission on disk to the Python source the child runs (trusted, parses only).
+
+A stage's file is ``NN_name.ipynb`` or ``NN_name.py``. A notebook's code cells run in
+order, as a kernel would: cells tagged ``skip-grading`` are left out, a line magic or
+``!`` line becomes a call to a ``get_ipython()`` stand-in that does nothing (the rest of
+the cell still runs), and a cell magic that is not Python (``%%bash``, ``%%writefile``...)
+skips its cell. Stored outputs and metadata are ignored; nbformat 3 is upgraded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+MAX_FILE_BYTES = 20 << 20
+SKIP_TAG = "skip-grading"
+# Cell magics whose body is Python: the body runs once, the magic is dropped.
+PYTHON_CELL_MAGICS = {"time", "timeit", "capture", "prun"}
+
+
+class LoadError(Exception):
+    """The file cannot be graded at all; the message is for the student."""
+
+
+@dataclass
+class Source:
+    path: Path
+    cells: list[tuple[str, str]]  # (label shown to the student, Python source)
+    module_name: str
+    notes: list[str] = field(default_factory=list)
+
+
+def find_stage_file(submission: Path, stage: str) -> Path | None:
+    """``submission`` itself if it is a file, else the stage's file inside the directory."""
+    if submission.is_file() or submission.is_symlink():
+        return submission
+    for candidate in (
+        submission / f"{stage}.ipynb",
+        submission / f"{stage}.py",
+        submission / stage / f"{stage}.ipynb",
+        submission / stage / f"{stage}.py",
+    ):
+        if candidate.exists() or candidate.is_symlink():
+            return candidate
+    return None
+
+
+def _read_text(path: Path) -> str:
+    if path.is_symlink():
+        raise LoadError(f"{path.name} is a symbolic link; submit the file itself")
+    if not path.is_file():
+        raise LoadError(f"{path.name} is not a regular file")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise LoadError(f"{path.name} is larger than {MAX_FILE_BYTES >> 20} MB")
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LoadError(
+            f"{path.name} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
+
+
+def _code_cells(text: str, name: str) -> list[tuple[str, list[str]]]:
+    """(source, tags) of each code cell, via nbformat; a damaged but readable JSON notebook
+    still gives its cells rather than nothing."""
+    try:
+        nb = nbformat.reads(text, as_version=4)
+        return [
+            (c.source, list(c.get("metadata", {}).get("tags", [])))
+            for c in nb.cells
+            if c.cell_type == "code"
+        ]
+    except Exception as exc:
+        try:
+            raw = json.loads(text)
+        except ValueError as err:
+            raise LoadError(
+                f"{name} is not a valid notebook: invalid JSON at line {err.lineno} "
+                f"column {err.colno} ({err.msg}). Was it saved completely?"
+            ) from None
+        cells = raw.get("cells") if isinstance(raw, dict) else None
+        if not isinstance(cells, list):
+            raise LoadError(
+                f"{name} is not a Jupyter notebook ({type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
+        out = []
+        for c in cells:
+            if isinstance(c, dict) and c.get("cell_type") == "code":
+                src = c.get("source", "")
+                src = (
+                    "".join(s for s in src if isinstance(s, str))
+                    if isinstance(src, list)
+                    else str(src)
+                )
+                tags = (
+                    c.get("metadata", {}).get("tags", [])
+                    if isinstance(c.get("metadata"), dict)
+                    else []
+                )
+                out.append(
+                    (src, [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else [])
+                )
+        return out
+
+
+_transformer = None
+
+
+def _to_python(src: str) -> str:
+    """IPython's own input transformation: magics and ``!`` lines become get_ipython() calls."""
+    global _transformer
+    if _transformer is None:
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        _transformer = TransformerManager()
+    try:
+        return _transformer.transform_cell(src)
+    except Exception:
+        return src  # let the child report the SyntaxError with its line
+
+
+def load_source(path: Path, stage: str) -> Source:
+    name = path.name
+    if path.suffix == ".py":
+        return Source(path, [(name, _read_text(path))], module_name=stage)
+    if path.suffix != ".ipynb":
+        raise LoadError(f"{name} is neither a notebook (.ipynb) nor a Python file (.py)")
+    cells, notes = [], []
+    for n, (src, tags) in enumerate(_code_cells(_read_text(path), name), start=1):
+        if SKIP_TAG in tags:
+            continue
+        first = src.lstrip().split("\n", 1)[0]
+        if first.startswith("%%"):
+            magic = first[2:].split(maxsplit=1)[0] if first[2:].strip() else ""
+            if magic not in PYTHON_CELL_MAGICS:
+                notes.append(
+                    f"code cell {n} starts with %%{magic}: not Python, skipped when grading"
+                )
+                continue
+            src = src.lstrip().split("\n", 1)[1] if "\n" in src.lstrip() else ""
+        cells.append((f"code cell {n}", _to_python(src)))
+    if not cells:
+        notes.append(f"{name} has no code cells to run")
+    return Source(path, cells, module_name="__main__", notes=notes)

@@ -1,0 +1,383 @@
+"""The trusted side of the process boundary: start children, watch them, read what they leave.
+
+One fork server per grading run; one child per submission. The parent watches the
+child's progress events and enforces the time limits: a cell or call that does not
+finish in time, or a child that dies (``sys.exit``, ``os._exit``, a segfault, the OOM
+killer), costs only that cell or call. The child is killed with its whole process group
+and a fresh one resumes after it, so every other call is still made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from queue import Queue
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from autograder import wire
+
+MAX_EVENT_BYTES = 1 << 20  # a child that floods its event pipe is cut off
+MAX_OUTPUT_FILE = 256 << 20
+MAX_STDOUT = 4000
+MAX_RESTARTS = 8
+
+
+@dataclass(frozen=True)
+class Limits:
+    call_s: float | None = None  # one call of a graded name; None: the stage spec's limit
+    cell_s: float = 20.0  # one notebook cell (imports, demos)
+    submission_s: float = 120.0  # everything for one submission
+
+
+@dataclass
+class Planned:
+    """One call the child must make: graded name, protocol, and the encoded case data."""
+
+    index: int
+    name: str
+    kind: str
+    outputs: tuple[str, ...]
+    forbidden: tuple[str, ...]
+    data: dict[str, Any]  # wire skeletons of args/kwargs/init/state
+
+
+@dataclass
+class CallOutcome:
+    status: str  # ok | missing | not_callable | not_implemented | type_error | error |
+    # forbidden | bad_return | timeout | crashed | skipped
+    info: dict[str, Any] = field(default_factory=dict)
+    outputs: list[tuple[str, torch.Tensor | None, dict[str, str]]] = field(default_factory=list)
+
+
+@dataclass
+class RunReport:
+    calls: dict[int, CallOutcome]
+    cell_errors: dict[int, dict[str, str]]
+    notes: list[str]
+    stdout: str
+    restarts: int
+    wall_s: float
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "the process ended"
+    if code < 0:
+        try:
+            return f"the process was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"the process was killed by signal {-code}"
+    return f"the process exited with status {code}"
+
+
+class ForkServer:
+    """A warm interpreter (torch imported) that forks one child per job. Thread-safe."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        root = str(Path(__file__).resolve().parent.parent)
+        code = f"import sys; sys.path.insert(0, {root!r}); from autograder.forkserver import serve; serve({theirs.fileno()})"
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "HOME": tempfile.gettempdir(),
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "PYTHONHASHSEED": "0",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "MPLBACKEND": "Agg",
+        }
+        # -I: the server ignores PYTHON* variables and the user's site-packages
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", code],
+            pass_fds=(theirs.fileno(),),
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        self.sock = ours
+        self._lock = threading.Lock()
+        self._next = 0
+        self._waiting: dict[int, Queue] = {}
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self.sock.recv(1 << 16)
+            except OSError:
+                msg = b""
+            if not msg:
+                with self._lock:
+                    for q in self._waiting.values():
+                        q.put({"exit": None, "server_gone": True})
+                return
+            reply = json.loads(msg)
+            with self._lock:
+                q = self._waiting.get(reply["id"])
+            if q is not None:
+                q.put(reply)
+
+    def fork(self, job: Path, event_w: int) -> tuple[int, Queue]:
+        with self._lock:
+            rid = self._next
+            self._next += 1
+            q: Queue = Queue()
+            self._waiting[rid] = q
+            socket.send_fds(
+                self.sock, [json.dumps({"job": str(job), "id": rid}).encode()], [event_w]
+            )
+        reply = q.get(timeout=60)
+        if "pid" not in reply:
+            raise RuntimeError("the fork server stopped: see the messages above")
+        return reply["pid"], q
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        finally:
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def __enter__(self) -> ForkServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class _Events:
+    """JSON lines from the child, bounded in size; garbage is ignored, not trusted."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.buf, self.total, self.eof = fd, b"", 0, False
+
+    def read(self, timeout: float) -> list[dict[str, Any]] | None:
+        """Events that arrived within ``timeout`` seconds; None on time-out."""
+        ready, _, _ = select.select([self.fd], [], [], max(timeout, 0.0))
+        if not ready:
+            return None
+        chunk = os.read(self.fd, 1 << 16)
+        if not chunk:
+            self.eof = True
+            return []
+        self.total += len(chunk)
+        if self.total > MAX_EVENT_BYTES:
+            self.eof = True
+            return []
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        events = []
+        for line in lines:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(ev, dict) and isinstance(ev.get("e"), str):
+                events.append(ev)
+        return events
+
+
+def _load_outputs(
+    path: Path, described: list[Any], n: int
+) -> list[tuple[str, torch.Tensor | None, dict]]:
+    """Parse the child's safetensors file as plain tensors, checking it against its report."""
+    if not isinstance(described, list) or len(described) != n:
+        raise ValueError("the report of returned values is malformed")
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_OUTPUT_FILE:
+        raise ValueError("the returned values are missing or too large")
+    tensors = safetensors.torch.load_file(str(path))
+    items = []
+    for k, d in enumerate(described):
+        if not isinstance(d, dict):
+            raise ValueError("the report of returned values is malformed")
+        facts = {str(a)[:40]: str(b)[:100] for a, b in d.items()}
+        kind = facts.get("kind", "other")
+        t = tensors.get(f"o{k}")
+        if kind in ("tensor", "ndarray", "scalar") and t is None:
+            raise ValueError("a returned value is missing")
+        items.append((kind if kind in ("tensor", "ndarray", "scalar") else "other", t, facts))
+    return items
+
+
+def run_submission(
+    server: ForkServer,
+    cells: list[tuple[str, str]],
+    module_name: str,
+    calls: list[Planned],
+    inputs: dict[str, torch.Tensor],
+    device: str,
+    limits: Limits,
+) -> RunReport:
+    """Run one submission's code and calls in children; return what they produced."""
+    t0 = time.monotonic()
+    outcomes: dict[int, CallOutcome] = {}
+    cell_errors: dict[int, dict[str, str]] = {}
+    notes: list[str] = []
+    by_index = {c.index: c for c in calls}
+    skip_cells: list[int] = []
+    restarts = 0
+    with tempfile.TemporaryDirectory(prefix="bertlab-job-") as tmp:
+        job = Path(tmp)
+        (job / "work").mkdir()
+        (job / "out").mkdir()
+        plan = {
+            "module_name": module_name,
+            "device": device,
+            "cells": cells,
+            "calls": [
+                {
+                    "index": c.index,
+                    "name": c.name,
+                    "kind": c.kind,
+                    "outputs": list(c.outputs),
+                    "forbidden": list(c.forbidden),
+                    "data": c.data,
+                }
+                for c in calls
+            ],
+        }
+        (job / "plan.json").write_text(json.dumps(plan))
+        safetensors.torch.save_file(inputs, str(job / "inputs.safetensors"))
+        while True:
+            (job / "resume.json").write_text(
+                json.dumps({"skip_cells": skip_cells, "skip_calls": sorted(outcomes)})
+            )
+            r, w = os.pipe()
+            try:
+                pid, exits = server.fork(job, w)
+            finally:
+                os.close(w)
+            events = _Events(r)
+            current: tuple[str, int] | None = None
+            started = time.monotonic()
+            finished = timed_out = False
+            try:
+                while not (finished or events.eof):
+                    budget = limits.submission_s - (time.monotonic() - t0)
+                    limit = limits.call_s if current and current[0] == "call" else limits.cell_s
+                    wait = min(limit - (time.monotonic() - started), budget)
+                    got = events.read(wait)
+                    if got is None:
+                        timed_out = True
+                        break
+                    for ev in got:
+                        kind, i = ev["e"], ev.get("i")
+                        if kind in ("cell", "call") and isinstance(i, int):
+                            current, started = (kind, i), time.monotonic()
+                        elif kind == "cell_error" and isinstance(i, int):
+                            cell_errors[i] = {
+                                k: str(ev.get(k, ""))[:2000] for k in ("type", "message", "where")
+                            }
+                        elif kind == "call_end" and i in by_index and i not in outcomes:
+                            info = {k: v for k, v in ev.items() if k not in ("e", "i")}
+                            outcomes[i] = CallOutcome(str(info.pop("status", "error")), info)
+                            current = None
+                        elif kind == "note" and len(notes) < 20:
+                            notes.append(str(ev.get("text", ""))[:300])
+                        elif kind == "done":
+                            finished = True
+            finally:
+                _kill_group(pid)
+                os.close(r)
+            code = exits.get(timeout=30).get("exit")
+            if finished:
+                break
+            # The child hung or died part-way: charge it to what was running, resume after it.
+            if current is None:
+                if not timed_out:
+                    notes.append(
+                        f"the grading process for this submission stopped unexpectedly: {_exit_reason(code)}"
+                    )
+                break
+            what, i = current
+            reason = (
+                f"did not finish within {limits.call_s if what == 'call' else limits.cell_s:g} s"
+                if timed_out
+                else f"stopped: {_exit_reason(code)}"
+            )
+            if what == "cell":
+                skip_cells.append(i)
+                cell_errors[i] = {
+                    "type": "Timeout" if timed_out else "Crash",
+                    "message": reason,
+                    "where": "",
+                }
+            else:
+                outcomes[i] = CallOutcome(
+                    "timeout" if timed_out else "crashed", {"message": reason}
+                )
+                if timed_out:  # the same name would hang again: don't spend the budget on it
+                    for c in calls:
+                        if c.name == by_index[i].name and c.index not in outcomes:
+                            outcomes[c.index] = CallOutcome(
+                                "skipped",
+                                {"message": f"not run: an earlier call of {c.name} {reason}"},
+                            )
+            restarts += 1
+            if restarts > MAX_RESTARTS or time.monotonic() - t0 >= limits.submission_s:
+                notes.append("grading of this submission stopped early: too many hangs or crashes")
+                break
+        for c in calls:
+            outcome = outcomes.setdefault(
+                c.index,
+                CallOutcome("skipped", {"message": "not run: the submission ran out of time"}),
+            )
+            if outcome.status == "ok":
+                try:
+                    outcome.outputs = _load_outputs(
+                        job / "out" / f"{c.index}.safetensors",
+                        outcome.info.get("outputs"),
+                        len(c.outputs),
+                    )
+                except Exception as exc:  # any malformed file: that call fails, nothing else
+                    outcomes[c.index] = CallOutcome(
+                        "bad_return", {"message": f"unreadable returned values ({exc})"}
+                    )
+        stdout = _read_head(job / "stdout.txt", MAX_STDOUT)
+    return RunReport(outcomes, cell_errors, notes, stdout, restarts, time.monotonic() - t0)
+
+
+def _read_head(path: Path, limit: int) -> str:
+    try:  # O_NOFOLLOW: the child may have replaced its log with a link to a file it may not read
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError:
+        return ""
+    text = data[:limit].decode("utf-8", errors="replace")
+    return text + ("\n… (output truncated)" if len(data) > limit else "")
+
+
+def encode_inputs(
+    items: list[tuple[int, dict[str, Any]]],
+) -> tuple[dict[int, dict], dict[str, torch.Tensor]]:
+    """Encode each call's case data into skeletons plus one shared tensor dict."""
+    tensors: dict[str, torch.Tensor] = {}
+    skeletons = {
+        i: {k: wire.encode(v, tensors, f"c{i}") for k, v in data.items()} for i, data in items
+    }
+    return skeletons, tensors

@@ -1,0 +1,182 @@
+"""The stage spec: the single source of truth for what a stage grades.
+
+A stage module under ``autograder/stages/`` defines one ``SPEC = StageSpec(...)``. Public
+self-check data, hidden cases, Gradescope entries, points and messages all derive from it.
+Specs are data: builders and variants are small functions, nothing runs at import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """A value passes when |got - expected| <= atol + rtol * |expected| elementwise."""
+
+    rtol: float
+    atol: float
+
+
+# Two correct programs that differ only in the order of floating-point operations (einsum
+# vs matmul, max-subtraction before or after masking) differ by a few ulps times the
+# length of the reductions; these bounds leave room for that and nothing more. Every
+# misconception of every stage differs from the reference by far more (tests prove it).
+DEFAULT_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
+    torch.float64: Tolerance(rtol=1e-9, atol=1e-11),
+    torch.float32: Tolerance(rtol=1e-4, atol=1e-5),
+    torch.float16: Tolerance(rtol=1e-2, atol=1e-3),
+    torch.bfloat16: Tolerance(rtol=2e-2, atol=1e-2),
+}
+# CUDA reductions split work differently from the CPU's; float32 gets a little more room.
+CUDA_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
+    torch.float32: Tolerance(rtol=2e-4, atol=2e-5),
+}
+
+
+def tolerance_for(dtype: torch.dtype, device: str = "cpu") -> Tolerance:
+    """The documented tolerance for results of ``dtype`` computed on ``device``."""
+    if device.startswith("cuda") and dtype in CUDA_TOLERANCES:
+        return CUDA_TOLERANCES[dtype]
+    return DEFAULT_TOLERANCES.get(dtype, Tolerance(rtol=0.0, atol=0.0))
+
+
+@dataclass(frozen=True)
+class CaseData:
+    """What one call of a graded name receives.
+
+    For a function: ``fn(*args, **kwargs)``. For a module: ``cls(*init_args, **init_kwargs)``,
+    then ``load_state_dict(state)``, then ``module(*args, **kwargs)`` in eval mode.
+    Values may be tensors, numpy arrays, None/bool/int/float/str and lists, tuples and
+    str-keyed dicts of those.
+    """
+
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    init_args: tuple[Any, ...] = ()
+    init_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    state: Mapping[str, Tensor] | None = None
+
+
+Builder = Callable[[torch.Generator, torch.dtype], CaseData]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One seeded input. The seed comes from (stage, name, group, label), so a case is the
+    same on every machine and every run, and renaming a case changes its data."""
+
+    label: str
+    build: Builder
+
+
+@dataclass(frozen=True)
+class Test:
+    """One Gradescope entry: a graded name on a group of cases of one dtype."""
+
+    group: str
+    dtype: torch.dtype
+    cases: tuple[Case, ...]
+    points: float
+    hidden: bool = True
+    partial_credit: bool = True
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A known mistake, written as a small function of the reference with the graded
+    name's signature. Several variants may share one misconception id."""
+
+    misconception: str
+    fn: Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Graded:
+    """A name the student implements."""
+
+    name: str
+    task: int
+    signature: str
+    outputs: tuple[str, ...]
+    reference: Callable[..., Any]
+    tests: tuple[Test, ...]
+    kind: Literal["function", "module"] = "function"
+    returns: Literal["tensor", "ndarray", "scalar"] = "tensor"
+    forbidden: tuple[str, ...] = ()  # fnmatch patterns of aten op names, e.g. "aten::_softmax"
+    variants: tuple[Variant, ...] = ()
+    # Which elements of each output are graded (None = all); e.g. rows of attention in
+    # which every key is masked are not graded.
+    graded_region: Callable[[CaseData], tuple[Tensor | None, ...]] | None = None
+    # Outputs must be on the inputs' device; off for names that take no tensor.
+    check_device: bool = True
+
+    @property
+    def max_score(self) -> float:
+        return sum(t.points for t in self.tests)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    id: str  # "01_attention"
+    title: str
+    graded: tuple[Graded, ...]
+    misconceptions: Mapping[str, str]  # id -> hint shown to the student
+    call_timeout_s: float = 5.0  # per call of a graded name; cases take milliseconds
+
+    def __post_init__(self) -> None:
+        names = [g.name for g in self.graded]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.id}: graded names repeat: {names}")
+        for g in self.graded:
+            for v in g.variants:
+                if v.misconception not in self.misconceptions:
+                    raise ValueError(f"{self.id}.{g.name}: unknown misconception {v.misconception}")
+            groups = [t.group for t in g.tests]
+            if len(set(groups)) != len(groups):
+                raise ValueError(f"{self.id}.{g.name}: test groups repeat: {groups}")
+
+    @property
+    def number(self) -> int:
+        return int(self.id.split("_", 1)[0])
+
+    @property
+    def max_score(self) -> float:
+        return sum(g.max_score for g in self.graded)
+
+    def graded_name(self, name: str) -> Graded:
+        for g in self.graded:
+            if g.name == name:
+                return g
+        raise KeyError(f"{self.id} has no graded name {name!r}")
+
+
+def case_seed(stage: str, name: str, group: str, label: str) -> int:
+    """A 63-bit seed from the case's identity: stable across Python versions and machines."""
+    digest = hashlib.sha256(f"{stage}/{name}/{group}/{label}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def build_case(spec: StageSpec, graded: Graded, test: Test, case: Case) -> CaseData:
+    """Materialise a case's inputs on the CPU, deterministically."""
+    g = torch.Generator().manual_seed(case_seed(spec.id, graded.name, test.group, case.label))
+    return case.build(g, test.dtype)
+
+
+# -- helpers for builders ---------------------------------------------------------------
+
+
+def randn(g: torch.Generator, *shape: int, dtype: torch.dtype, scale: float = 1.0) -> Tensor:
+    """Standard normal samples drawn in float64 then cast, so float32 and float64 cases of
+    one seed hold the same numbers up to rounding."""
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+
+def randint(g: torch.Generator, low: int, high: int, *shape: int) -> Tensor:
+    return torch.randint(low, high, shape, generator=g, dtype=torch.int64)

@@ -1,0 +1,59 @@
+"""Stage registry: every ``NN_name.py`` here (and in ``$BERTLAB_STAGE_PATH`` directories)
+defines ``SPEC``. Adding a stage is adding a file; nothing else in the pipeline changes."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+from functools import cache
+from pathlib import Path
+
+from autograder.spec import StageSpec
+
+_STAGE_FILE = re.compile(r"^(\d\d_[a-z0-9_]+)\.py$")
+STAGE_PATH_ENV = "BERTLAB_STAGE_PATH"
+
+
+def _files() -> dict[str, Path]:
+    dirs = [Path(__file__).parent]
+    dirs += [Path(p) for p in os.environ.get(STAGE_PATH_ENV, "").split(os.pathsep) if p]
+    found: dict[str, Path] = {}
+    for d in dirs:
+        for f in sorted(d.glob("*.py")):
+            m = _STAGE_FILE.match(f.name)
+            if m:
+                found.setdefault(m.group(1), f)
+    return dict(sorted(found.items()))
+
+
+def stage_ids() -> list[str]:
+    return list(_files())
+
+
+@cache
+def _load(stage: str, path: Path) -> StageSpec:
+    if path.parent == Path(__file__).parent:
+        module = importlib.import_module(f"{__name__}.{stage}")
+    else:
+        spec = importlib.util.spec_from_file_location(f"bertlab_extra_stage_{stage}", path)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    result = module.SPEC
+    if result.id != stage:
+        raise ValueError(f"{path} defines SPEC.id={result.id!r}, expected {stage!r}")
+    return result
+
+
+def load_spec(stage: str) -> StageSpec:
+    files = _files()
+    if stage not in files:
+        known = ", ".join(files) or "none"
+        raise KeyError(f"unknown stage {stage!r} (known stages: {known})")
+    return _load(stage, files[stage])
+
+
+def all_specs() -> list[StageSpec]:
+    return [load_spec(s) for s in stage_ids()]
