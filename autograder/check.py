@@ -78,6 +78,7 @@ def check_case(
     if status != "ok":
         return CaseResult(label, False, failure_message(exp.name, exp.signature, status, info))
     problems: list[str] = []
+    errors: list[float] = []
     got: list[Tensor | None] = []
     for out_name, (kind, tensor, facts), want, region in zip(
         exp.outputs, items, exp.values, exp.regions, strict=True
@@ -98,8 +99,12 @@ def check_case(
         cmp = compare(tensor, want, exp.tolerance, region)
         if not cmp.ok:
             problems.append(prefix + cmp.message)
+        elif cmp.max_abs is not None:
+            errors.append(cmp.max_abs)
     if not problems:
-        return CaseResult(label, True, "passed")
+        return CaseResult(
+            label, True, f"passed (max abs error {max(errors):.1e})" if errors else "passed"
+        )
     found: list[str] = []
     for mid, outs in exp.variants:
         if mid in found:

@@ -21,14 +21,16 @@ def _api_name(func: Any) -> str:
     name = getattr(func, "__name__", None) or repr(func)
     module = getattr(func, "__module__", None)
     qual = getattr(func, "__qualname__", name)
-    if qual.startswith(("TensorBase.", "_TensorBase.")):
+    if qual.startswith(("TensorBase.", "_TensorBase.", "Tensor.")):
         return "torch.Tensor." + name
+    if qual.startswith("_VariableFunctionsClass."):
+        return "torch." + name
     if module in (None, "torch._C._VariableFunctions", "torch._C"):
         return f"torch.{name}"
     if module == "torch._C._nn":
         return f"torch._C._nn.{name}"
     if module == "torch._C._special":
-        return f"torch.special.{name}"
+        return f"torch.special.{name.removeprefix('special_')}"
     return f"{module}.{qual}"
 
 
@@ -40,7 +42,9 @@ class _NameCalls(TorchFunctionMode):
         self.detector = detector
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.detector._api_stack.append(_api_name(func))
+        name = _api_name(func)
+        self.detector._saw_api(name)
+        self.detector._api_stack.append(name)
         try:
             return func(*args, **(kwargs or {}))
         finally:
@@ -63,15 +67,21 @@ class _WatchOps(TorchDispatchMode):
 class ForbiddenCallDetector:
     """Context manager recording calls to operators matching ``patterns``.
 
-    Detection is at the operator level (a TorchDispatchMode), so ``torch.softmax``,
-    ``F.softmax``, ``Tensor.softmax``, ``torch.special.softmax`` and library modules
-    that call them all land on ``aten::_softmax``; a TorchFunctionMode names the API call
-    the student made, for the message.
+    Patterns ``aten::*`` match at the operator level (a TorchDispatchMode), so
+    ``torch.softmax``, ``F.softmax``, ``Tensor.softmax``, ``torch.special.softmax`` and
+    library modules that call them all land on ``aten::_softmax``. Patterns ``torch.*``
+    match public API calls seen by a TorchFunctionMode (for functions such as
+    ``F.scaled_dot_product_attention`` that decompose into ordinary operators under a
+    dispatch mode); the same mode names, in the message, the call the student made.
     """
 
     patterns: tuple[str, ...]
     found: list[str] = field(default_factory=list)
     _api_stack: list[str] = field(default_factory=list)
+
+    def _saw_api(self, api: str) -> None:
+        if any(fnmatch.fnmatchcase(api, p) for p in self.patterns) and api not in self.found:
+            self.found.append(api)
 
     def _saw(self, op: str) -> None:
         if any(fnmatch.fnmatchcase(op, p) for p in self.patterns):

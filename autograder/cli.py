@@ -1,0 +1,138 @@
+"""``python -m autograder`` / ``bertlab``: grade submissions, regenerate student material."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="bertlab: grade Transformer/BERT exercises."
+)
+console = Console(stderr=False)
+err = Console(stderr=True)
+
+
+def _stages_for(submission: Path, asked: list[str] | None) -> list[str]:
+    from autograder.stages import stage_ids
+
+    known = stage_ids()
+    if asked:
+        return asked
+    if submission.is_file() and submission.stem in known:
+        return [submission.stem]
+    return known
+
+
+@app.command()
+def grade(
+    submissions: Annotated[
+        list[Path],
+        typer.Argument(help="Directories holding NN_stage.ipynb/.py files, or such files."),
+    ],
+    stage: Annotated[
+        list[str] | None, typer.Option("--stage", "-s", help="Stage id(s) to grade; default: all.")
+    ] = None,
+    results: Annotated[
+        Path | None, typer.Option(help="results.json to write (one submission).")
+    ] = None,
+    results_dir: Annotated[
+        Path | None, typer.Option(help="Write DIR/<student>/results.json per submission.")
+    ] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
+    call_timeout: Annotated[
+        float | None, typer.Option(help="Seconds per call of a graded name.")
+    ] = None,
+    submission_timeout: Annotated[
+        float, typer.Option(help="Seconds for everything of one submission.")
+    ] = 120.0,
+) -> None:
+    """Grade SUBMISSIONS against the hidden reference. Exit 0 whenever grading completed."""
+    from autograder.grade import Grader
+    from autograder.report import class_table, print_notes, test_table, write_results
+    from autograder.runner import Limits
+    from autograder.stages import stage_ids
+
+    for s in submissions:
+        if not (s.exists() or s.is_symlink()):
+            err.print(f"error: {s} does not exist")
+            raise typer.Exit(2)
+    if results is not None and len(submissions) != 1:
+        err.print("error: --results takes one submission; use --results-dir for several")
+        raise typer.Exit(2)
+    known = stage_ids()
+    for s in stage or []:
+        if s not in known:
+            err.print(f"error: unknown stage {s!r}; known stages: {', '.join(known)}")
+            raise typer.Exit(2)
+    names = [s.name if s.is_dir() else s.stem for s in submissions]
+    if len(set(names)) != len(names) and results_dir is not None:
+        err.print("error: two submissions share a name; their results would overwrite each other")
+        raise typer.Exit(2)
+    try:
+        grader = Grader(
+            device=device, limits=Limits(call_s=call_timeout, submission_s=submission_timeout)
+        )
+    except ValueError as exc:
+        err.print(f"error: {exc}")
+        raise typer.Exit(2) from None
+    graded = []
+    with grader:
+        for sub in submissions:
+            r = grader.grade(sub, _stages_for(sub, stage))
+            graded.append(r)
+            if results is not None:
+                write_results(r, results)
+            if results_dir is not None:
+                write_results(r, results_dir / r.student / "results.json")
+    if len(graded) == 1:
+        console.print(test_table(graded[0]))
+        print_notes(console, graded[0])
+    else:
+        console.print(class_table(graded))
+    if results_dir is not None:
+        console.print(f"results: {results_dir}/<student>/results.json")
+
+
+@app.command()
+def generate(
+    stage: Annotated[list[str] | None, typer.Argument(help="Stage ids; default: all.")] = None,
+    check: Annotated[
+        bool, typer.Option(help="Only check that generated files are up to date.")
+    ] = False,
+) -> None:
+    """Regenerate assignments/ (student notebooks) and the public self-check data from solutions/ and the specs."""
+    from autograder.notebooks import generate_stage
+    from autograder.stages import stage_ids
+
+    stale = []
+    for s in stage or stage_ids():
+        stale += generate_stage(s, check=check)
+    if check and stale:
+        err.print("out of date (run `make generate`):\n  " + "\n  ".join(str(p) for p in stale))
+        raise typer.Exit(1)
+    console.print("up to date" if check else "generated")
+
+
+@app.command()
+def stages() -> None:
+    """List the stages, their graded names and points."""
+    from autograder.stages import all_specs
+
+    for spec in all_specs():
+        console.print(f"[bold]{spec.id}[/bold] {spec.title}: {spec.max_score:g} points")
+        for g in spec.graded:
+            console.print(f"  task {g.task}: {g.signature}  ({g.max_score:g} points)")
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # a grader fault: say so clearly and fail
+        err.print(f"bertlab: internal error: {type(exc).__name__}: {exc}")
+        sys.exit(1)

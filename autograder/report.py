@@ -1,0 +1,128 @@
+"""Results out: Gradescope's results.json and the terminal tables.
+
+The JSON uses gradescope-utils' keys (name, number, score, max_score, status, output,
+tags, visibility) plus Gradescope's top-level score, output, stdout_visibility and
+execution_time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from autograder.results import SubmissionResult
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def escape(text: str, limit: int = 4000) -> str:
+    """Student-produced text made safe to show: no control characters, bounded length."""
+    text = _CONTROL.sub("�", text)
+    return text if len(text) <= limit else text[:limit] + "\n… (truncated)"
+
+
+def to_gradescope(result: SubmissionResult) -> dict[str, Any]:
+    tests = []
+    for stage in result.stages:
+        for t in stage.tests:
+            tags = [f"stage:{t.stage}", f"function:{t.function}"]
+            tags += [f"misconception:{m}" for m in t.misconceptions]
+            tests.append(
+                {
+                    "name": t.name,
+                    "number": t.number,
+                    "score": t.score,
+                    "max_score": t.max_score,
+                    "status": "passed" if t.passed else "failed",
+                    "output": escape(t.output),
+                    "tags": tags,
+                    "visibility": "visible",
+                }
+            )
+    lines = []
+    for stage in result.stages:
+        head = f"{stage.stage}: {stage.score:g}/{stage.max_score:g}"
+        lines.append(head + (f" ({stage.file})" if stage.file else " (no file)"))
+        lines += [f"  note: {n}" for n in stage.notes]
+        if stage.stdout.strip():
+            lines.append(
+                "  your code printed:\n"
+                + "\n".join("    " + x for x in escape(stage.stdout, 2000).splitlines())
+            )
+    return {
+        "score": round(result.score, 4),
+        "output": escape("\n".join(lines), 20000),
+        "stdout_visibility": "hidden",
+        "execution_time": round(result.execution_time, 3),
+        "tests": tests,
+    }
+
+
+def write_results(result: SubmissionResult, path: Path) -> None:
+    """Write atomically, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(to_gradescope(result), f, indent=2, ensure_ascii=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def class_table(results: list[SubmissionResult]) -> Table:
+    table = Table(title="bertlab grades", title_justify="left")
+    table.add_column("student")
+    table.add_column("score", justify="right")
+    table.add_column("%", justify="right")
+    table.add_column("named mistakes")
+    table.add_column("problems")
+    for r in results:
+        problems = []
+        for s in r.stages:
+            problems += s.notes[:2]
+            for t in s.tests:
+                if not t.passed and not t.misconceptions:
+                    first = next((c.message for c in t.cases if not c.passed), "")
+                    if first and first not in problems:
+                        problems.append(first.split("\n")[0])
+        pct = 100 * r.score / r.max_score if r.max_score else 0.0
+        table.add_row(
+            r.student,
+            f"{r.score:g} / {r.max_score:g}",
+            f"{pct:.0f}",
+            ", ".join(r.misconceptions) or "—",
+            escape("; ".join(problems[:2]), 160) or "—",
+        )
+    return table
+
+
+def test_table(result: SubmissionResult) -> Table:
+    table = Table(
+        title=f"{result.student}: {result.score:g} / {result.max_score:g}", title_justify="left"
+    )
+    table.add_column("test")
+    table.add_column("score", justify="right")
+    table.add_column("message")
+    for stage in result.stages:
+        for t in stage.tests:
+            first = next((c for c in t.cases if not c.passed), None)
+            msg = "passed" if first is None else f"{first.label}: {first.message}"
+            style = "green" if t.passed else ("yellow" if t.score > 0 else "red")
+            table.add_row(
+                t.name, f"[{style}]{t.score:g}/{t.max_score:g}[/{style}]", escape(msg, 300)
+            )
+    return table
+
+
+def print_notes(console: Console, result: SubmissionResult) -> None:
+    for stage in result.stages:
+        for n in stage.notes:
+            console.print(
+                f"[dim]{stage.stage}: {escape(n, 300)}[/dim]", highlight=False, markup=False
+            )
