@@ -27,8 +27,8 @@ def _api_name(func: Any) -> str:
         return "torch." + name
     if module in (None, "torch._C._VariableFunctions", "torch._C"):
         return f"torch.{name}"
-    if module == "torch._C._nn":
-        return f"torch._C._nn.{name}"
+    if module == "torch._C._nn":  # builtins that torch.nn.functional re-exports
+        return f"torch.nn.functional.{name}"
     if module == "torch._C._special":
         return f"torch.special.{name.removeprefix('special_')}"
     return f"{module}.{qual}"
@@ -87,7 +87,7 @@ class ForbiddenCallDetector:
         if any(fnmatch.fnmatchcase(op, p) for p in self.patterns):
             api = self._api_stack[0] if self._api_stack else None
             what = f"{api} ({op})" if api else op
-            if what not in self.found:
+            if what not in self.found and api not in self.found:
                 self.found.append(what)
 
     def __enter__(self) -> ForbiddenCallDetector:
