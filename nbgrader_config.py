@@ -7,6 +7,7 @@ c.CourseDirectory.root = "."
 c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "assignments"
 c.GenerateAssignment.no_database = True
+c.SaveCells.enabled = False  # what --no-db also sets: no gradebook.db, no alembic run
 # The stub a student finds in place of each solution region; the grader reports a
 # NotImplementedError as "not implemented yet", never as a crash.
 c.ClearSolutions.code_stub = {"python": '# YOUR CODE HERE\nraise NotImplementedError("not implemented yet")'}

@@ -32,7 +32,7 @@ from autograder import wire
 MAX_EVENT_BYTES = 1 << 20  # a child that floods its event pipe is cut off
 MAX_OUTPUT_FILE = 256 << 20
 MAX_STDOUT = 4000
-MAX_RESTARTS = 8
+MAX_RESTARTS = 4  # plus two per graded name
 
 
 @dataclass(frozen=True)
@@ -148,6 +148,12 @@ class ForkServer:
 
     def close(self) -> None:
         try:
+            # close() alone does not end the reader thread's blocked recv(), so the server
+            # would never see EOF (and close would wait out its 10 s); shutdown() does.
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self.sock.close()
         finally:
             try:
@@ -239,7 +245,10 @@ def run_submission(
     notes: list[str] = []
     by_index = {c.index: c for c in calls}
     skip_cells: list[int] = []
+    crashes: dict[str, int] = {}
     restarts = 0
+    max_restarts = MAX_RESTARTS + 2 * len({c.name for c in calls})
+    stopped = f"not run: the submission used up its {limits.submission_s:g} s"
     with tempfile.TemporaryDirectory(prefix="bertlab-job-") as tmp:
         job = Path(tmp)
         (job / "work").mkdir()
@@ -327,25 +336,27 @@ def run_submission(
                     "where": "",
                 }
             else:
-                outcomes[i] = CallOutcome(
-                    "timeout" if timed_out else "crashed", {"message": reason}
-                )
-                if timed_out:  # the same name would hang again: don't spend the budget on it
+                name = by_index[i].name
+                outcomes[i] = CallOutcome("timeout" if timed_out else "crashed", {"message": reason})
+                crashes[name] = crashes.get(name, 0) + 1
+                # A name that hung once, or crashed twice, would do it again: don't spend
+                # the submission's budget on it.
+                if timed_out or crashes[name] >= 2:
+                    why = reason if timed_out else "crashed the process twice"
                     for c in calls:
-                        if c.name == by_index[i].name and c.index not in outcomes:
+                        if c.name == name and c.index not in outcomes:
                             outcomes[c.index] = CallOutcome(
-                                "skipped",
-                                {"message": f"not run: an earlier call of {c.name} {reason}"},
+                                "skipped", {"message": f"not run: an earlier call of {name} {why}"}
                             )
             restarts += 1
-            if restarts > MAX_RESTARTS or time.monotonic() - t0 >= limits.submission_s:
-                notes.append("grading of this submission stopped early: too many hangs or crashes")
+            if restarts > max_restarts:
+                stopped = "not run: grading of this submission stopped after too many hangs or crashes"
+                notes.append(stopped.removeprefix("not run: "))
+                break
+            if time.monotonic() - t0 >= limits.submission_s:
                 break
         for c in calls:
-            outcome = outcomes.setdefault(
-                c.index,
-                CallOutcome("skipped", {"message": "not run: the submission ran out of time"}),
-            )
+            outcome = outcomes.setdefault(c.index, CallOutcome("skipped", {"message": stopped}))
             if outcome.status == "ok":
                 try:
                     outcome.outputs = _load_outputs(

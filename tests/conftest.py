@@ -1,0 +1,12 @@
+from __future__ import annotations
+
+import pytest
+
+from autograder.grade import Grader
+from autograder.runner import Limits
+
+@pytest.fixture(scope="module")
+def grader():
+    """One grader (one fork server, expected values computed once) per test module."""
+    with Grader(limits=Limits(call_s=2.0, cell_s=5.0, submission_s=60.0)) as g:
+        yield g

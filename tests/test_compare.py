@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autograder.compare import compare, matches
+from autograder.spec import DEFAULT_TOLERANCES, Tolerance, tolerance_for
+
+TOL = Tolerance(rtol=1e-6, atol=1e-9)
+
+
+def test_shape_mismatch_says_both_shapes():
+    c = compare(torch.zeros(2, 3), torch.zeros(3, 2), TOL)
+    assert not c.ok and c.message == "expected shape (3, 2), got (2, 3)"
+
+
+def test_dtype_mismatch_says_both_dtypes():
+    c = compare(torch.zeros(2, dtype=torch.float64), torch.zeros(2), TOL)
+    assert not c.ok and "expected dtype torch.float32, got torch.float64" in c.message
+
+
+def test_max_error_and_where():
+    exp = torch.zeros(2, 3, 4, dtype=torch.float64)
+    got = exp.clone()
+    got[1, 2, 3] = 0.5
+    got[0, 0, 0] = 0.25
+    c = compare(got, exp, TOL)
+    assert not c.ok and c.where == (1, 2, 3) and c.max_abs == 0.5
+    assert "2 of 24 values differ" in c.message and "[1, 2, 3]" in c.message
+
+
+def test_nan_is_named():
+    exp = torch.ones(3)
+    got = torch.tensor([1.0, float("nan"), 1.0])
+    c = compare(got, exp, TOL)
+    assert not c.ok and "NaN or inf" in c.message and "[1]" in c.message
+
+
+def test_region_ignores_ungraded_values():
+    exp = torch.zeros(2, 2)
+    got = torch.tensor([[0.0, 0.0], [float("nan"), 5.0]])
+    region = torch.tensor([[True], [False]])
+    assert compare(got, exp, TOL, region).ok
+    assert not compare(got, exp, TOL).ok
+
+
+def test_bool_exact():
+    c = compare(torch.tensor([True, False, True]), torch.tensor([True, True, True]), TOL)
+    assert not c.ok and "1 of 3 values differ; first at [1]" in c.message
+
+
+def test_matches_treats_nan_as_equal():
+    a = torch.tensor([1.0, float("nan")])
+    assert matches(a, a.clone(), TOL)
+    assert not matches(a, torch.tensor([1.0, 2.0]), TOL)
+
+
+def test_tolerances_are_documented_per_dtype_and_device():
+    assert tolerance_for(torch.float64) == DEFAULT_TOLERANCES[torch.float64]
+    assert tolerance_for(torch.float32, "cuda").rtol >= tolerance_for(torch.float32, "cpu").rtol
+
+
+@settings(max_examples=50, deadline=None)
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), seed=st.integers(0, 1000),
+       dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_equal_passes_and_a_perturbation_fails(shape, seed, dtype):
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    tol = tolerance_for(dtype)
+    assert compare(x, x.clone(), tol).ok
+    y = x.clone().flatten()
+    y[-1] += 1e-2 + abs(float(y[-1]))
+    c = compare(y.reshape(x.shape), x, tol)
+    assert not c.ok and c.where == tuple(s - 1 for s in shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rounding_differences_of_correct_programs_pass(dtype):
+    """einsum vs matmul: two correct orders of operations stay within tolerance."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 64, 64, generator=g).to(dtype), torch.randn(8, 64, 64, generator=g).to(dtype)
+    assert compare(torch.einsum("bij,bjk->bik", a, b), a @ b, tolerance_for(dtype)).ok

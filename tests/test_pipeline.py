@@ -1,0 +1,177 @@
+"""The grading pipeline end to end: forbidden calls per alias, isolation of crashes and
+hangs, the trust boundary, determinism."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from autograder.report import to_gradescope
+from tests.support import ROOT, no_process_left, write_py
+
+pytestmark = pytest.mark.stage01
+STAGE = "01_attention"
+
+SOFTMAX = """
+def softmax(x, dim=-1):
+    e = (x - x.amax(dim=dim, keepdim=True)).exp()
+    return e / e.sum(dim=dim, keepdim=True)
+"""
+ATTENTION = """
+def scaled_dot_product_attention(q, k, v, mask=None):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        s = s.masked_fill(~mask, -1e9)
+    w = (s - s.amax(-1, keepdim=True)).exp()
+    w = w / w.sum(-1, keepdim=True)
+    return w @ v, w
+"""
+MASKS = """
+def padding_mask(lengths, max_len):
+    return (torch.arange(max_len, device=lengths.device) < lengths[:, None])[:, None, None, :]
+
+def causal_mask(L):
+    return torch.ones(L, L, dtype=torch.bool).tril()
+"""
+HEADER = "import math\nimport torch\nimport torch.nn.functional as F\nfrom torch import nn\n"
+
+
+def submission(**replace: str) -> str:
+    parts = {"softmax": SOFTMAX, "attention": ATTENTION, "masks": MASKS}
+    parts.update(replace)
+    return HEADER + "\n".join(parts.values())
+
+
+def scores(result) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for t in result.stages[0].tests:
+        out[t.function] = out.get(t.function, 0) + t.score
+    return out
+
+
+FULL = {"softmax": 4, "scaled_dot_product_attention": 9, "padding_mask": 2, "causal_mask": 2}
+
+SOFTMAX_ALIASES = {
+    "torch.softmax": "return torch.softmax(x, dim)",
+    "torch.nn.functional.softmax": "return F.softmax(x, dim=dim)",
+    "torch.Tensor.softmax": "return x.softmax(dim)",
+    "torch.special.softmax": "return torch.special.softmax(x, dim)",
+    "torch.nn.functional.log_softmax": "return F.log_softmax(x, dim=dim).exp()",
+    "torch.log_softmax": "return torch.log_softmax(x, dim).exp()",
+    "torch.Tensor.log_softmax": "return x.log_softmax(dim).exp()",
+    "nn.Softmax": "return nn.Softmax(dim=dim)(x)",
+}
+ATTENTION_ALIASES = {
+    "torch.nn.functional.scaled_dot_product_attention": (
+        "out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)\n    return out, out"),
+    "torch.nn.functional.multi_head_attention_forward": (
+        "m = nn.MultiheadAttention(q.size(-1), 1, batch_first=True).to(q.dtype)\n"
+        "    return m(q, k, v)"),
+}
+
+
+@pytest.mark.parametrize("alias", list(SOFTMAX_ALIASES))
+def test_every_softmax_alias_is_caught_and_costs_only_softmax(alias, grader, tmp_path):
+    code = f"\ndef softmax(x, dim=-1):\n    {SOFTMAX_ALIASES[alias]}\n"
+    result = grader.grade(write_py(tmp_path / "s", STAGE, submission(softmax=code)), [STAGE])
+    assert scores(result) == {**FULL, "softmax": 0}
+    softmax_tests = [t for t in result.stages[0].tests if t.function == "softmax"]
+    want = alias.replace("nn.Softmax", "torch.nn.functional.softmax")
+    assert all(want in t.output and "forbids" in t.output for t in softmax_tests), softmax_tests[0].output
+
+
+@pytest.mark.parametrize("alias", list(ATTENTION_ALIASES))
+def test_every_attention_alias_is_caught(alias, grader, tmp_path):
+    code = f"\ndef scaled_dot_product_attention(q, k, v, mask=None):\n    {ATTENTION_ALIASES[alias]}\n"
+    result = grader.grade(write_py(tmp_path / "s", STAGE, submission(attention=code)), [STAGE])
+    assert scores(result) == {**FULL, "scaled_dot_product_attention": 0}
+    t = next(t for t in result.stages[0].tests if t.function == "scaled_dot_product_attention")
+    assert alias in t.output and "forbids" in t.output
+
+
+def test_crashes_and_exits_cost_only_their_own_calls(grader, tmp_path):
+    code = submission(
+        softmax="\ndef softmax(x, dim=-1):\n    import os\n    os._exit(3)\n",
+        attention="\ndef scaled_dot_product_attention(q, k, v, mask=None):\n    import sys\n    sys.exit(1)\n",
+        masks=MASKS.replace("def padding_mask(lengths, max_len):\n",
+                            "def padding_mask(lengths, max_len):\n    import ctypes; ctypes.string_at(0)\n"),
+    )
+    result = grader.grade(write_py(tmp_path / "s", STAGE, code), [STAGE])
+    assert scores(result) == {"softmax": 0, "scaled_dot_product_attention": 0, "padding_mask": 0, "causal_mask": 2}
+    out: dict[str, str] = {}
+    for t in result.stages[0].tests:
+        out[t.function] = out.get(t.function, "") + t.output
+    assert "exited with status 3" in out["softmax"]
+    assert "crashed the process twice" in out["softmax"]
+    assert "raised SystemExit" in out["scaled_dot_product_attention"]
+    assert "SIGSEGV" in out["padding_mask"]
+
+
+def test_a_hang_costs_only_that_function_and_leaves_no_process(grader, tmp_path):
+    code = submission(masks=MASKS.replace(
+        "def causal_mask(L):\n",
+        "def causal_mask(L):\n    import subprocess; subprocess.Popen(['sleep', '987.654'])\n    while True: pass\n"))
+    result = grader.grade(write_py(tmp_path / "s", STAGE, code), [STAGE])
+    assert scores(result) == {**FULL, "causal_mask": 0}
+    out = next(t.output for t in result.stages[0].tests if t.function == "causal_mask")
+    assert "did not finish within" in out
+    assert no_process_left("987.654")
+
+
+def test_a_hanging_notebook_cell_is_skipped_and_the_rest_graded(grader, tmp_path):
+    import nbformat
+
+    cells = [HEADER, SOFTMAX, "while True:\n    pass", ATTENTION, MASKS]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    (tmp_path / f"{STAGE}.ipynb").write_text(nbformat.writes(nb))
+    result = grader.grade(tmp_path, [STAGE])
+    assert scores(result) == FULL
+    assert any("code cell 3" in n and "did not finish" in n for n in result.stages[0].notes)
+
+
+def test_huge_output_fails_that_case_only(grader, tmp_path):
+    code = submission(masks=MASKS.replace("def padding_mask(lengths, max_len):\n",
+                                          "def padding_mask(lengths, max_len):\n    return torch.zeros(1 << 25)\n"))
+    result = grader.grade(write_py(tmp_path / "s", STAGE, code), [STAGE])
+    assert scores(result) == {**FULL, "padding_mask": 0}
+    assert "more than" in next(t.output for t in result.stages[0].tests if t.function == "padding_mask")
+
+
+def test_child_never_has_the_reference_or_the_specs(grader, tmp_path):
+    spy = MASKS.replace(
+        "    return torch.ones(L, L, dtype=torch.bool).tril()",
+        "    import sys\n"
+        "    leaked = [m for m in sys.modules if m == 'reference' or m.startswith(('reference.', 'autograder.stages',"
+        " 'autograder.grade', 'autograder.public'))]\n"
+        "    print('LEAKED', leaked)\n"
+        "    return torch.ones(L, L, dtype=torch.bool).tril() if not leaked else torch.zeros(L, L, dtype=torch.bool)")
+    result = grader.grade(write_py(tmp_path / "s", STAGE, submission(masks=spy)), [STAGE])
+    assert scores(result)["causal_mask"] == 2
+    assert "LEAKED []" in result.stages[0].stdout
+
+
+def test_selfcheck_runtime_does_not_import_hidden_material():
+    code = ("import sys, autograder.selfcheck; "
+            "bad = [m for m in sys.modules if m == 'reference' or m.startswith(('reference.', 'autograder.stages'))]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_student_output_is_captured_not_trusted(grader, tmp_path):
+    code = submission() + "\nprint('hello from the student', '\\x1b[31m')\n"
+    result = grader.grade(write_py(tmp_path / "s", STAGE, code), [STAGE])
+    assert result.score == 17
+    assert "hello from the student" in result.stages[0].stdout
+    assert "\x1b" not in to_gradescope(result)["output"]
+
+
+def test_grading_twice_gives_identical_results(grader, tmp_path):
+    buggy = ATTENTION.replace(" / math.sqrt(q.size(-1))", "")
+    sub = write_py(tmp_path / "s", STAGE, submission(attention=buggy))
+    first, second = to_gradescope(grader.grade(sub, [STAGE])), to_gradescope(grader.grade(sub, [STAGE]))
+    first.pop("execution_time"), second.pop("execution_time")
+    assert first == second
+    assert first["score"] < 17
+    assert any("misconception:missing-scale" in t["tags"] for t in first["tests"])

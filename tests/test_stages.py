@@ -1,0 +1,94 @@
+"""Properties every stage spec must have, parametrized over all stages (no per-stage copies)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autograder.check import check_case
+from autograder.grade import StagePlan
+from autograder.notebooks import generate_stage
+from autograder.stages import all_specs, stage_ids
+
+from tests.support import ROOT
+
+SPECS = {s.id: s for s in all_specs()}
+
+
+@pytest.fixture(scope="module", params=stage_ids())
+def plan(request):
+    return StagePlan.build(SPECS[request.param], "cpu")
+
+
+def _items(outputs):
+    return [("tensor", t, {"device": "cpu", "dtype": str(t.dtype), "type": "torch.Tensor"}) for t in outputs]
+
+
+def test_reference_passes_its_own_cases(plan):
+    for pc in plan.cases:
+        result = check_case(pc.label, "ok", {}, _items(pc.expectation.values), pc.expectation, {})
+        assert result.passed, (pc.graded.name, pc.label, result.message)
+
+
+def test_every_misconception_has_a_variant_and_is_named(plan):
+    spec = plan.spec
+    named: set[str] = set()
+    for pc in plan.cases:
+        for mid, outs in pc.expectation.variants:
+            result = check_case(pc.label, "ok", {}, _items(outs), pc.expectation, spec.misconceptions)
+            if not result.passed:
+                named.update(result.misconceptions)
+    declared = set(spec.misconceptions)
+    with_variants = {v.misconception for g in spec.graded for v in g.variants}
+    assert with_variants == declared
+    assert named == declared, f"never diagnosed: {declared - named}"
+
+
+def test_no_variant_passes_every_case(plan):
+    """Each known mistake is distinguishable from the reference on some case of its name."""
+    by_variant: dict[tuple[str, str], bool] = {}
+    for pc in plan.cases:
+        for mid, outs in pc.expectation.variants:
+            ok = check_case(pc.label, "ok", {}, _items(outs), pc.expectation, {}).passed
+            key = (pc.graded.name, mid)
+            by_variant[key] = by_variant.get(key, True) and ok
+    assert not any(by_variant.values()), [k for k, v in by_variant.items() if v]
+
+
+@pytest.mark.parametrize("stage", stage_ids())
+def test_cases_are_deterministic(stage):
+    a, b = StagePlan.build(SPECS[stage], "cpu"), StagePlan.build(SPECS[stage], "cpu")
+    assert a.inputs.keys() == b.inputs.keys()
+    assert all(torch.equal(a.inputs[k], b.inputs[k]) for k in a.inputs)
+    assert [c.data for c in a.calls] == [c.data for c in b.calls]
+
+
+@pytest.mark.parametrize("stage", stage_ids())
+def test_every_name_has_public_and_hidden_cases_in_both_float_dtypes(stage):
+    for g in SPECS[stage].graded:
+        assert any(not t.hidden for t in g.tests), g.name
+        assert any(t.hidden for t in g.tests), g.name
+        floats = {t.dtype for t in g.tests if t.dtype.is_floating_point}
+        if floats:
+            assert floats == {torch.float32, torch.float64}, g.name
+
+
+@pytest.mark.parametrize("stage", stage_ids())
+def test_student_material_is_in_sync(stage):
+    assert generate_stage(stage, check=True) == [], "run `make generate`"
+
+
+@pytest.mark.parametrize("stage", stage_ids())
+def test_solution_scores_full_marks(stage, grader):
+    result = grader.grade(ROOT / "solutions" / stage, [stage])
+    failed = [t.output for s in result.stages for t in s.tests if not t.passed]
+    assert result.score == result.max_score == SPECS[stage].max_score, failed
+    assert not result.stages[0].notes
+
+
+@pytest.mark.parametrize("stage", stage_ids())
+def test_untouched_assignment_scores_zero_and_says_not_implemented(stage, grader):
+    result = grader.grade(ROOT / "assignments" / stage, [stage])
+    assert result.score == 0
+    for t in result.stages[0].tests:
+        assert all("not implemented yet" in c.message for c in t.cases), t.output
