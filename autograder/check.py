@@ -102,9 +102,7 @@ def check_case(
         elif cmp.max_abs is not None:
             errors.append(cmp.max_abs)
     if not problems:
-        return CaseResult(
-            label, True, f"passed (max abs error {max(errors):.1e})" if errors else "passed"
-        )
+        return CaseResult(label, True, f"passed (max abs error {max(errors):.1e})" if errors else "passed")
     found: list[str] = []
     for mid, outs in exp.variants:
         if mid in found:

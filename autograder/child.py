@@ -75,9 +75,7 @@ def _reseed(index: int) -> None:
     torch.manual_seed(index)
 
 
-def _run_call(
-    ns: dict[str, Any], call: dict[str, Any], tensors: dict, device: str, out: Path
-) -> dict:
+def _run_call(ns: dict[str, Any], call: dict[str, Any], tensors: dict, device: str, out: Path) -> dict:
     data = {k: wire.decode(v, tensors, device) for k, v in call["data"].items()}
     status, info, items = run_call(
         ns, call["name"], call["kind"], data, call["outputs"], call["forbidden"], device

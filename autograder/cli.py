@@ -36,16 +36,12 @@ def grade(
     stage: Annotated[
         list[str] | None, typer.Option("--stage", "-s", help="Stage id(s) to grade; default: all.")
     ] = None,
-    results: Annotated[
-        Path | None, typer.Option(help="results.json to write (one submission).")
-    ] = None,
+    results: Annotated[Path | None, typer.Option(help="results.json to write (one submission).")] = None,
     results_dir: Annotated[
         Path | None, typer.Option(help="Write DIR/<student>/results.json per submission.")
     ] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
-    call_timeout: Annotated[
-        float | None, typer.Option(help="Seconds per call of a graded name.")
-    ] = None,
+    call_timeout: Annotated[float | None, typer.Option(help="Seconds per call of a graded name.")] = None,
     submission_timeout: Annotated[
         float, typer.Option(help="Seconds for everything of one submission.")
     ] = 120.0,
@@ -73,9 +69,7 @@ def grade(
         err.print("error: two submissions share a name; their results would overwrite each other")
         raise typer.Exit(2)
     try:
-        grader = Grader(
-            device=device, limits=Limits(call_s=call_timeout, submission_s=submission_timeout)
-        )
+        grader = Grader(device=device, limits=Limits(call_s=call_timeout, submission_s=submission_timeout))
     except ValueError as exc:
         err.print(f"error: {exc}")
         raise typer.Exit(2) from None
@@ -100,11 +94,9 @@ def grade(
 @app.command()
 def generate(
     stage: Annotated[list[str] | None, typer.Argument(help="Stage ids; default: all.")] = None,
-    check: Annotated[
-        bool, typer.Option(help="Only check that generated files are up to date.")
-    ] = False,
+    check: Annotated[bool, typer.Option(help="Only check that generated files are up to date.")] = False,
 ) -> None:
-    """Regenerate assignments/ (student notebooks) and the public self-check data from solutions/ and the specs."""
+    """Regenerate assignments/ (student notebooks) and public self-check data from solutions/ and specs."""
     from autograder.notebooks import generate_stage
     from autograder.stages import stage_ids
 

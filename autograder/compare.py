@@ -40,9 +40,7 @@ def _region(region: Tensor | None, shape: torch.Size) -> Tensor:
     return region.to("cpu").expand(shape)
 
 
-def compare(
-    got: Tensor, expected: Tensor, tol: Tolerance, region: Tensor | None = None
-) -> Comparison:
+def compare(got: Tensor, expected: Tensor, tol: Tolerance, region: Tensor | None = None) -> Comparison:
     """Compare shape, dtype and values (within ``tol``, only where ``region`` is True)."""
     got, expected = got.detach().cpu(), expected.detach().cpu()
     if got.shape != expected.shape:

@@ -49,9 +49,7 @@ def _warm_up() -> None:
     torch.set_num_threads(1)  # before any op: no thread pool exists to be broken by fork()
     x = torch.randn(3, 4, dtype=torch.float64)
     with ForbiddenCallDetector(("aten::_softmax", "torch.nn.functional.softmax")):
-        torch.nn.functional.softmax(x @ x.mT.float().double(), dim=-1).masked_fill(
-            x[:, :3] > 0, 0.0
-        )
+        torch.nn.functional.softmax(x @ x.mT.float().double(), dim=-1).masked_fill(x[:, :3] > 0, 0.0)
     run_call(
         {"f": lambda t: (t.exp(), t > 0)},
         "f",
@@ -99,9 +97,7 @@ def serve(fd: int) -> None:
                 sel.unregister(pidfd)
                 os.close(pidfd)
                 _, status = os.waitpid(pid, 0)
-                sock.send(
-                    json.dumps({"id": rid, "exit": os.waitstatus_to_exitcode(status)}).encode()
-                )
+                sock.send(json.dumps({"id": rid, "exit": os.waitstatus_to_exitcode(status)}).encode())
 
 
 if __name__ == "__main__":

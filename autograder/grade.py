@@ -109,13 +109,9 @@ class StagePlan:
                         except ValueError:  # a variant that does not apply to this case
                             continue
                     regions = (
-                        graded.graded_region(data)
-                        if graded.graded_region
-                        else (None,) * len(graded.outputs)
+                        graded.graded_region(data) if graded.graded_region else (None,) * len(graded.outputs)
                     )
-                    has_tensor = any(
-                        isinstance(a, Tensor) for a in (*data.args, *data.kwargs.values())
-                    )
+                    has_tensor = any(isinstance(a, Tensor) for a in (*data.args, *data.kwargs.values()))
                     expectation = Expectation(
                         name=graded.name,
                         signature=graded.signature,
@@ -181,9 +177,7 @@ def score_stage(
             result = CaseResult(pc.label, False, failure or "not graded")
         else:
             o = outcomes[pc.index]
-            result = check_case(
-                pc.label, o.status, o.info, o.outputs, pc.expectation, spec.misconceptions
-            )
+            result = check_case(pc.label, o.status, o.info, o.outputs, pc.expectation, spec.misconceptions)
             if o.status == "forbidden" and pc.graded.name not in forbidden:
                 forbidden[pc.graded.name] = failure_message(
                     pc.graded.name, pc.graded.signature, o.status, o.info
@@ -292,13 +286,9 @@ class Grader:
             self.device,
             spec_limits,
         )
-        return score_stage(
-            plan, shown, report.calls, _cell_notes(source, report), stdout=report.stdout
-        )
+        return score_stage(plan, shown, report.calls, _cell_notes(source, report), stdout=report.stdout)
 
-    def grade(
-        self, submission: Path, stages: list[str], student: str | None = None
-    ) -> SubmissionResult:
+    def grade(self, submission: Path, stages: list[str], student: str | None = None) -> SubmissionResult:
         _ = self.server  # started before the clock: its start-up is per run, not per student
         t0 = time.monotonic()
         results = [self.grade_stage(submission, s) for s in stages]

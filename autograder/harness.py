@@ -157,9 +157,7 @@ def as_plain(value: Any) -> tuple[str, torch.Tensor | None, dict[str, str]]:
         t = torch.from_numpy(np.ascontiguousarray(value)).clone()
         return "ndarray", t, {"device": "cpu", "dtype": str(value.dtype), "type": "numpy.ndarray"}
     if type(value) in (bool, int, float) or (
-        isinstance(value, np.generic)
-        and type(value).__module__ == "numpy"
-        and isinstance(value, _SCALARS)
+        isinstance(value, np.generic) and type(value).__module__ == "numpy" and isinstance(value, _SCALARS)
     ):
         t = torch.from_numpy(np.asarray(value)).clone()
         return "scalar", t, {"device": "cpu", "dtype": str(t.dtype), "type": type(value).__name__}
@@ -176,9 +174,7 @@ def _describe(exc: BaseException) -> dict[str, str]:
         except BaseException:  # a hostile __str__ must not take the report with it
             return f"<unprintable {type(x).__name__}>"
 
-    frames = [
-        f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<submission")
-    ]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<submission")]
     where = ""
     if frames:
         f = frames[-1]

@@ -59,9 +59,7 @@ def _read_text(path: Path) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise LoadError(
-            f"{path.name} is not UTF-8 text ({exc.reason} at byte {exc.start})"
-        ) from None
+        raise LoadError(f"{path.name} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def _code_cells(text: str, name: str) -> list[tuple[str, list[str]]]:
@@ -70,9 +68,7 @@ def _code_cells(text: str, name: str) -> list[tuple[str, list[str]]]:
     try:
         nb = nbformat.reads(text, as_version=4)
         return [
-            (c.source, list(c.get("metadata", {}).get("tags", [])))
-            for c in nb.cells
-            if c.cell_type == "code"
+            (c.source, list(c.get("metadata", {}).get("tags", []))) for c in nb.cells if c.cell_type == "code"
         ]
     except Exception as exc:
         try:
@@ -91,19 +87,9 @@ def _code_cells(text: str, name: str) -> list[tuple[str, list[str]]]:
         for c in cells:
             if isinstance(c, dict) and c.get("cell_type") == "code":
                 src = c.get("source", "")
-                src = (
-                    "".join(s for s in src if isinstance(s, str))
-                    if isinstance(src, list)
-                    else str(src)
-                )
-                tags = (
-                    c.get("metadata", {}).get("tags", [])
-                    if isinstance(c.get("metadata"), dict)
-                    else []
-                )
-                out.append(
-                    (src, [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else [])
-                )
+                src = "".join(s for s in src if isinstance(s, str)) if isinstance(src, list) else str(src)
+                tags = c.get("metadata", {}).get("tags", []) if isinstance(c.get("metadata"), dict) else []
+                out.append((src, [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []))
         return out
 
 
@@ -137,9 +123,7 @@ def load_source(path: Path, stage: str) -> Source:
         if first.startswith("%%"):
             magic = first[2:].split(maxsplit=1)[0] if first[2:].strip() else ""
             if magic not in PYTHON_CELL_MAGICS:
-                notes.append(
-                    f"code cell {n} starts with %%{magic}: not Python, skipped when grading"
-                )
+                notes.append(f"code cell {n} starts with %%{magic}: not Python, skipped when grading")
                 continue
             src = src.lstrip().split("\n", 1)[1] if "\n" in src.lstrip() else ""
         cells.append((f"code cell {n}", _to_python(src)))

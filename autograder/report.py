@@ -103,9 +103,7 @@ def class_table(results: list[SubmissionResult]) -> Table:
 
 
 def test_table(result: SubmissionResult) -> Table:
-    table = Table(
-        title=f"{result.student}: {result.score:g} / {result.max_score:g}", title_justify="left"
-    )
+    table = Table(title=f"{result.student}: {result.score:g} / {result.max_score:g}", title_justify="left")
     table.add_column("test")
     table.add_column("score", justify="right")
     table.add_column("message")
@@ -114,15 +112,11 @@ def test_table(result: SubmissionResult) -> Table:
             first = next((c for c in t.cases if not c.passed), None)
             msg = "passed" if first is None else f"{first.label}: {first.message}"
             style = "green" if t.passed else ("yellow" if t.score > 0 else "red")
-            table.add_row(
-                t.name, f"[{style}]{t.score:g}/{t.max_score:g}[/{style}]", escape(msg, 300)
-            )
+            table.add_row(t.name, f"[{style}]{t.score:g}/{t.max_score:g}[/{style}]", escape(msg, 300))
     return table
 
 
 def print_notes(console: Console, result: SubmissionResult) -> None:
     for stage in result.stages:
         for n in stage.notes:
-            console.print(
-                f"[dim]{stage.stage}: {escape(n, 300)}[/dim]", highlight=False, markup=False
-            )
+            console.print(f"[dim]{stage.stage}: {escape(n, 300)}[/dim]", highlight=False, markup=False)

@@ -89,7 +89,10 @@ class ForkServer:
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         root = str(Path(__file__).resolve().parent.parent)
-        code = f"import sys; sys.path.insert(0, {root!r}); from autograder.forkserver import serve; serve({theirs.fileno()})"
+        code = (
+            f"import sys; sys.path.insert(0, {root!r}); "
+            f"from autograder.forkserver import serve; serve({theirs.fileno()})"
+        )
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "LANG": "C.UTF-8",
@@ -138,9 +141,7 @@ class ForkServer:
             self._next += 1
             q: Queue = Queue()
             self._waiting[rid] = q
-            socket.send_fds(
-                self.sock, [json.dumps({"job": str(job), "id": rid}).encode()], [event_w]
-            )
+            socket.send_fds(self.sock, [json.dumps({"job": str(job), "id": rid}).encode()], [event_w])
         reply = q.get(timeout=60)
         if "pid" not in reply:
             raise RuntimeError("the fork server stopped: see the messages above")
@@ -207,9 +208,7 @@ class _Events:
         return events
 
 
-def _load_outputs(
-    path: Path, described: list[Any], n: int
-) -> list[tuple[str, torch.Tensor | None, dict]]:
+def _load_outputs(path: Path, described: list[Any], n: int) -> list[tuple[str, torch.Tensor | None, dict]]:
     """Parse the child's safetensors file as plain tensors, checking it against its report."""
     if not isinstance(described, list) or len(described) != n:
         raise ValueError("the report of returned values is malformed")
@@ -388,7 +387,5 @@ def encode_inputs(
 ) -> tuple[dict[int, dict], dict[str, torch.Tensor]]:
     """Encode each call's case data into skeletons plus one shared tensor dict."""
     tensors: dict[str, torch.Tensor] = {}
-    skeletons = {
-        i: {k: wire.encode(v, tensors, f"c{i}") for k, v in data.items()} for i, data in items
-    }
+    skeletons = {i: {k: wire.encode(v, tensors, f"c{i}") for k, v in data.items()} for i, data in items}
     return skeletons, tensors

@@ -87,9 +87,7 @@ class Report:
             for c in g.cases:
                 lines.append(f"      {'✓' if c.passed else '✗'} {c.label}: {c.message}")
         if self.hidden_groups:
-            lines.append(
-                "  The grader also runs hidden cases: " + "; ".join(self.hidden_groups) + "."
-            )
+            lines.append("  The grader also runs hidden cases: " + "; ".join(self.hidden_groups) + ".")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -137,9 +135,7 @@ def check(
     meta, tensors = _load(path, path.stat().st_mtime)
     name = name or getattr(fn, "__name__", None)
     if name not in meta["graded"]:
-        raise KeyError(
-            f"{name!r} is not graded in {meta['stage']}: one of {', '.join(meta['graded'])}"
-        )
+        raise KeyError(f"{name!r} is not graded in {meta['stage']}: one of {', '.join(meta['graded'])}")
     g = meta["graded"][name]
     groups: dict[str, list[CaseResult]] = {}
     for case in meta["cases"]:
@@ -153,8 +149,7 @@ def check(
         n_out = len(g["outputs"])
         regions = [tensors.get(f"r{i}.{k}") if case["regions"][k] else None for k in range(n_out)]
         variants = [
-            (mid, [tensors[f"v{i}.{j}.{k}"] for k in range(n_out)])
-            for j, mid in enumerate(case["variants"])
+            (mid, [tensors[f"v{i}.{j}.{k}"] for k in range(n_out)]) for j, mid in enumerate(case["variants"])
         ]
         exp = Expectation(
             name=name,

@@ -5,6 +5,7 @@ import pytest
 from autograder.grade import Grader
 from autograder.runner import Limits
 
+
 @pytest.fixture(scope="module")
 def grader():
     """One grader (one fork server, expected values computed once) per test module."""

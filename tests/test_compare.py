@@ -63,8 +63,11 @@ def test_tolerances_are_documented_per_dtype_and_device():
 
 
 @settings(max_examples=50, deadline=None)
-@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), seed=st.integers(0, 1000),
-       dtype=st.sampled_from([torch.float32, torch.float64]))
+@given(
+    shape=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+    seed=st.integers(0, 1000),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+)
 def test_equal_passes_and_a_perturbation_fails(shape, seed, dtype):
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
     tol = tolerance_for(dtype)

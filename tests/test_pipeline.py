@@ -65,10 +65,11 @@ SOFTMAX_ALIASES = {
 }
 ATTENTION_ALIASES = {
     "torch.nn.functional.scaled_dot_product_attention": (
-        "out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)\n    return out, out"),
+        "out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)\n    return out, out"
+    ),
     "torch.nn.functional.multi_head_attention_forward": (
-        "m = nn.MultiheadAttention(q.size(-1), 1, batch_first=True).to(q.dtype)\n"
-        "    return m(q, k, v)"),
+        "m = nn.MultiheadAttention(q.size(-1), 1, batch_first=True).to(q.dtype)\n    return m(q, k, v)"
+    ),
 }
 
 
@@ -95,11 +96,18 @@ def test_crashes_and_exits_cost_only_their_own_calls(grader, tmp_path):
     code = submission(
         softmax="\ndef softmax(x, dim=-1):\n    import os\n    os._exit(3)\n",
         attention="\ndef scaled_dot_product_attention(q, k, v, mask=None):\n    import sys\n    sys.exit(1)\n",
-        masks=MASKS.replace("def padding_mask(lengths, max_len):\n",
-                            "def padding_mask(lengths, max_len):\n    import ctypes; ctypes.string_at(0)\n"),
+        masks=MASKS.replace(
+            "def padding_mask(lengths, max_len):\n",
+            "def padding_mask(lengths, max_len):\n    import ctypes; ctypes.string_at(0)\n",
+        ),
     )
     result = grader.grade(write_py(tmp_path / "s", STAGE, code), [STAGE])
-    assert scores(result) == {"softmax": 0, "scaled_dot_product_attention": 0, "padding_mask": 0, "causal_mask": 2}
+    assert scores(result) == {
+        "softmax": 0,
+        "scaled_dot_product_attention": 0,
+        "padding_mask": 0,
+        "causal_mask": 2,
+    }
     out: dict[str, str] = {}
     for t in result.stages[0].tests:
         out[t.function] = out.get(t.function, "") + t.output
@@ -110,9 +118,12 @@ def test_crashes_and_exits_cost_only_their_own_calls(grader, tmp_path):
 
 
 def test_a_hang_costs_only_that_function_and_leaves_no_process(grader, tmp_path):
-    code = submission(masks=MASKS.replace(
-        "def causal_mask(L):\n",
-        "def causal_mask(L):\n    import subprocess; subprocess.Popen(['sleep', '987.654'])\n    while True: pass\n"))
+    code = submission(
+        masks=MASKS.replace(
+            "def causal_mask(L):\n",
+            "def causal_mask(L):\n    import subprocess; subprocess.Popen(['sleep', '987.654'])\n    while True: pass\n",
+        )
+    )
     result = grader.grade(write_py(tmp_path / "s", STAGE, code), [STAGE])
     assert scores(result) == {**FULL, "causal_mask": 0}
     out = next(t.output for t in result.stages[0].tests if t.function == "causal_mask")
@@ -132,8 +143,12 @@ def test_a_hanging_notebook_cell_is_skipped_and_the_rest_graded(grader, tmp_path
 
 
 def test_huge_output_fails_that_case_only(grader, tmp_path):
-    code = submission(masks=MASKS.replace("def padding_mask(lengths, max_len):\n",
-                                          "def padding_mask(lengths, max_len):\n    return torch.zeros(1 << 25)\n"))
+    code = submission(
+        masks=MASKS.replace(
+            "def padding_mask(lengths, max_len):\n",
+            "def padding_mask(lengths, max_len):\n    return torch.zeros(1 << 25)\n",
+        )
+    )
     result = grader.grade(write_py(tmp_path / "s", STAGE, code), [STAGE])
     assert scores(result) == {**FULL, "padding_mask": 0}
     assert "more than" in next(t.output for t in result.stages[0].tests if t.function == "padding_mask")
@@ -146,16 +161,19 @@ def test_child_never_has_the_reference_or_the_specs(grader, tmp_path):
         "    leaked = [m for m in sys.modules if m == 'reference' or m.startswith(('reference.', 'autograder.stages',"
         " 'autograder.grade', 'autograder.public'))]\n"
         "    print('LEAKED', leaked)\n"
-        "    return torch.ones(L, L, dtype=torch.bool).tril() if not leaked else torch.zeros(L, L, dtype=torch.bool)")
+        "    return torch.ones(L, L, dtype=torch.bool).tril() if not leaked else torch.zeros(L, L, dtype=torch.bool)",
+    )
     result = grader.grade(write_py(tmp_path / "s", STAGE, submission(masks=spy)), [STAGE])
     assert scores(result)["causal_mask"] == 2
     assert "LEAKED []" in result.stages[0].stdout
 
 
 def test_selfcheck_runtime_does_not_import_hidden_material():
-    code = ("import sys, autograder.selfcheck; "
-            "bad = [m for m in sys.modules if m == 'reference' or m.startswith(('reference.', 'autograder.stages'))]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, autograder.selfcheck; "
+        "bad = [m for m in sys.modules if m == 'reference' or m.startswith(('reference.', 'autograder.stages'))]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 

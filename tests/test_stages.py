@@ -9,7 +9,6 @@ from autograder.check import check_case
 from autograder.grade import StagePlan
 from autograder.notebooks import generate_stage
 from autograder.stages import all_specs, stage_ids
-
 from tests.support import ROOT
 
 SPECS = {s.id: s for s in all_specs()}
@@ -34,7 +33,7 @@ def test_every_misconception_has_a_variant_and_is_named(plan):
     spec = plan.spec
     named: set[str] = set()
     for pc in plan.cases:
-        for mid, outs in pc.expectation.variants:
+        for _mid, outs in pc.expectation.variants:
             result = check_case(pc.label, "ok", {}, _items(outs), pc.expectation, spec.misconceptions)
             if not result.passed:
                 named.update(result.misconceptions)

@@ -31,28 +31,51 @@ class Gate(nn.Module):
         return torch.sigmoid(self.w_g(x)) * self.w_v(x)
 """
 
-BUGGY = (CORRECT.replace("alpha * x", "x").replace("torch.sigmoid(self.w_g(x))", "self.w_g(x)"))
+BUGGY = CORRECT.replace("alpha * x", "x").replace("torch.sigmoid(self.w_g(x))", "self.w_g(x)")
 FORBIDDEN = CORRECT.replace("torch.sqrt((x * x).sum(-1, keepdim=True))", "x.norm(dim=-1, keepdim=True)")
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("toy")
-    subs = [write_py(root / n, "99_toy", code) for n, code in
-            (("correct", CORRECT), ("buggy", BUGGY), ("forbidden", FORBIDDEN))]
+    subs = [
+        write_py(root / n, "99_toy", code)
+        for n, code in (("correct", CORRECT), ("buggy", BUGGY), ("forbidden", FORBIDDEN))
+    ]
     env = {**os.environ, "BERTLAB_STAGE_PATH": str(TOY)}
-    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", *map(str, subs), "--stage", "99_toy",
-                           "--results-dir", str(root / "out")], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autograder",
+            "grade",
+            *map(str, subs),
+            "--stage",
+            "99_toy",
+            "--results-dir",
+            str(root / "out"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
-    return {n: json.loads((root / "out" / n / "results.json").read_text()) for n in ("correct", "buggy", "forbidden")}
+    return {
+        n: json.loads((root / "out" / n / "results.json").read_text())
+        for n in ("correct", "buggy", "forbidden")
+    }
 
 
 def test_correct_toy_submission_scores_full_marks(graded):
     r = graded["correct"]
     assert r["score"] == 5
     assert [t["name"] for t in r["tests"]] == [
-        "99_toy · scale_rows · float32", "99_toy · scale_rows · float64", "99_toy · Gate · float32",
-        "99_toy · Gate · float64"]
+        "99_toy · scale_rows · float32",
+        "99_toy · scale_rows · float64",
+        "99_toy · Gate · float32",
+        "99_toy · Gate · float64",
+    ]
 
 
 def test_toy_mistakes_are_named_for_functions_and_modules(graded):

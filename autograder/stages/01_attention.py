@@ -101,9 +101,7 @@ SOFTMAX = Graded(
         Variant("unstable-softmax", _unstable_softmax),
         Variant("softmax-wrong-dim", lambda x, dim=-1: ref.softmax(x, dim=-1)),
         Variant("softmax-wrong-dim", lambda x, dim=-1: ref.softmax(x, dim=0)),
-        Variant(
-            "softmax-wrong-dim", lambda x, dim=-1: ref.softmax(x.flatten(), dim=0).reshape(x.shape)
-        ),
+        Variant("softmax-wrong-dim", lambda x, dim=-1: ref.softmax(x.flatten(), dim=0).reshape(x.shape)),
     ),
 )
 
@@ -135,23 +133,17 @@ def _invert(mask: Tensor | None) -> Tensor | None:
 
 
 ATTENTION_VARIANTS = (
-    *_variants_with_fills(
-        "missing-scale", lambda q, k, v, m, f: _attention(q, k, v, m, scale=1.0, fill=f)
-    ),
+    *_variants_with_fills("missing-scale", lambda q, k, v, m, f: _attention(q, k, v, m, scale=1.0, fill=f)),
     *_variants_with_fills(
         "scale-by-d", lambda q, k, v, m, f: _attention(q, k, v, m, scale=1 / q.size(-1), fill=f)
     ),
     *_variants_with_fills(
         "softmax-wrong-dim",
-        lambda q, k, v, m, f: _attention(
-            q, k, v, m, scale=1 / math.sqrt(q.size(-1)), dim=-2, fill=f
-        ),
+        lambda q, k, v, m, f: _attention(q, k, v, m, scale=1 / math.sqrt(q.size(-1)), dim=-2, fill=f),
     ),
     *_variants_with_fills(
         "mask-inverted",
-        lambda q, k, v, m, f: _attention(
-            q, k, v, _invert(m), scale=1 / math.sqrt(q.size(-1)), fill=f
-        ),
+        lambda q, k, v, m, f: _attention(q, k, v, _invert(m), scale=1 / math.sqrt(q.size(-1)), fill=f),
     ),
     *_variants_with_fills(
         "unstable-softmax",
@@ -311,9 +303,7 @@ PADDING_MASK = Graded(
     signature="padding_mask(lengths, max_len) -> BoolTensor (B, 1, 1, max_len)",
     outputs=("mask",),
     reference=ref.padding_mask,
-    variants=(
-        Variant("mask-inverted", lambda lengths, max_len: ~ref.padding_mask(lengths, max_len)),
-    ),
+    variants=(Variant("mask-inverted", lambda lengths, max_len: ~ref.padding_mask(lengths, max_len)),),
     tests=(
         Test(
             "lengths [3, 1, 5] and [2]",

@@ -21,7 +21,9 @@ TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float64: dict(rtol=1e-12
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape,dim", [((7,), -1), ((3, 5), 0), ((2, 3, 4), 1), ((2, 3, 4), -1), ((1, 1), -1)])
+@pytest.mark.parametrize(
+    "shape,dim", [((7,), -1), ((3, 5), 0), ((2, 3, 4), 1), ((2, 3, 4), -1), ((1, 1), -1)]
+)
 def test_softmax_matches_torch(shape, dim, dtype):
     x = torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(ref.softmax(x, dim=dim), torch.softmax(x, dim=dim), **TOL[dtype])
@@ -40,8 +42,13 @@ def test_softmax_is_stable_on_large_inputs(scale, dtype):
 @settings(max_examples=40, deadline=None)
 @given(
     batch=st.lists(st.integers(1, 3), min_size=0, max_size=3),
-    lq=st.integers(1, 6), lk=st.integers(1, 6), d_k=st.integers(1, 9), d_v=st.integers(1, 5),
-    dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1), masked=st.booleans(),
+    lq=st.integers(1, 6),
+    lk=st.integers(1, 6),
+    d_k=st.integers(1, 9),
+    d_v=st.integers(1, 5),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**31 - 1),
+    masked=st.booleans(),
 )
 def test_attention_matches_torch_sdpa(batch, lq, lk, d_k, d_v, dtype, seed, masked):
     g = torch.Generator().manual_seed(seed)
@@ -69,7 +76,11 @@ def test_attention_with_padding_and_causal_masks(dtype):
     b, h, L, d = 3, 2, 6, 8
     q, k, v = (torch.randn(b, h, L, d, dtype=dtype, generator=g) for _ in range(3))
     lengths = torch.tensor([6, 3, 1])
-    for mask in (ref.padding_mask(lengths, L), ref.causal_mask(L), ref.padding_mask(lengths, L) & ref.causal_mask(L)):
+    for mask in (
+        ref.padding_mask(lengths, L),
+        ref.causal_mask(L),
+        ref.padding_mask(lengths, L) & ref.causal_mask(L),
+    ):
         out, w = ref.scaled_dot_product_attention(q, k, v, mask)
         torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), **TOL[dtype])
         assert (w.masked_select(~mask.expand_as(w)) == 0).all()
