@@ -91,3 +91,39 @@ def test_untouched_assignment_scores_zero_and_says_not_implemented(stage, grader
     assert result.score == 0
     for t in result.stages[0].tests:
         assert all("not implemented yet" in c.message for c in t.cases), t.output
+
+
+def _execute(path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, kernel_name="python3", timeout=300, resources={"metadata": {"path": str(path.parent)}}).execute()
+    return nb
+
+
+def _texts(nb) -> list[str]:
+    out = []
+    for c in nb.cells:
+        for o in c.get("outputs", []):
+            if o.output_type == "error":
+                out.append(f"ERROR {o.ename}: {o.evalue}")
+            else:
+                data = o.get("data", {})
+                out.append(o.get("text", "") or data.get("text/plain", ""))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", stage_ids())
+def test_notebooks_run_in_a_kernel_and_self_checks_report(stage):
+    """Run All works for a student before and after they solve it; the self-check agrees."""
+    solved = _texts(_execute(ROOT / "solutions" / stage / f"{stage}.ipynb"))
+    assert not [t for t in solved if t.startswith("ERROR")], solved
+    reports = [t for t in solved if "public cases pass" in t]
+    assert len(reports) == len(SPECS[stage].graded)
+    assert all(t.split(":", 1)[1].split()[0].split("/")[0] == t.split(":", 1)[1].split()[0].split("/")[1]
+               for t in reports), reports
+    fresh = _texts(_execute(ROOT / "assignments" / stage / f"{stage}.ipynb"))
+    assert not [t for t in fresh if t.startswith("ERROR")], fresh
+    assert any("not implemented yet" in t for t in fresh)
