@@ -72,7 +72,11 @@ def _reseed(index: int) -> None:
     # ran before it (a restart after a hang resumes mid-plan).
     random.seed(index)
     np.random.seed(index)
-    torch.manual_seed(index)
+    # the default generator directly: torch.manual_seed also queues lazy CUDA/XPU seeding,
+    # which costs ~1 ms a call on a CPU-only machine
+    torch.default_generator.manual_seed(index)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(index)
 
 
 def _run_call(ns: dict[str, Any], call: dict[str, Any], tensors: dict, device: str, out: Path) -> dict:

@@ -7,6 +7,7 @@ nothing secret can be inherited by a fork), imports ``autograder.child`` and the
 
 Protocol, over an inherited SOCK_SEQPACKET socket (its fd number is argv[1]):
   parent -> server  {"job": DIR, "id": N}  with one fd attached: the event pipe's write end
+  server -> parent  {"ready": true}       once warm, before any request
   server -> parent  {"id": N, "pid": PID}  once forked
   server -> parent  {"id": N, "exit": CODE} when it has exited (negative: killed by signal)
 The child starts a new session, so the parent can kill it and everything it spawned
@@ -61,6 +62,10 @@ def _warm_up() -> None:
     )
     safetensors.torch.load(safetensors.torch.save({"x": x}))
     io.StringIO()
+    try:  # students import it in their first cell; half a second per child otherwise
+        import matplotlib.pyplot  # noqa: F401  (MPLBACKEND=Agg: no display, no threads)
+    except ImportError:
+        pass
 
 
 def serve(fd: int) -> None:
@@ -69,6 +74,7 @@ def serve(fd: int) -> None:
     _warm_up()
 
     sock = socket.socket(fileno=fd)
+    sock.send(json.dumps({"ready": True}).encode())
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ, None)
     running: dict[int, tuple[int, int]] = {}  # pidfd -> (request id, pid)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
 from torch import Tensor
 
@@ -84,6 +86,11 @@ class StagePlan:
     cases: list[PlannedCase]
     calls: list[Planned]
     inputs: dict[str, Tensor]
+
+    @cached_property
+    def inputs_file(self) -> bytes:
+        """The inputs as one safetensors file, serialised once for every submission."""
+        return safetensors.torch.save(self.inputs)
 
     @classmethod
     def build(cls, spec: StageSpec, device: str, hidden: bool = True) -> StagePlan:
@@ -282,14 +289,18 @@ class Grader:
             source.cells,
             source.module_name,
             plan.calls,
-            plan.inputs,
+            plan.inputs_file,
             self.device,
             spec_limits,
         )
         return score_stage(plan, shown, report.calls, _cell_notes(source, report), stdout=report.stdout)
 
     def grade(self, submission: Path, stages: list[str], student: str | None = None) -> SubmissionResult:
-        _ = self.server  # started before the clock: its start-up is per run, not per student
+        # Start-up is per run, not per student: the server's warm-up and the expected values
+        # are ready before the clock starts.
+        self.server.wait_ready()
+        for s in stages:
+            self.plan(s)
         t0 = time.monotonic()
         results = [self.grade_stage(submission, s) for s in stages]
         name = student or (submission.name if submission.is_dir() else submission.stem)

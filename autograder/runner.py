@@ -115,6 +115,8 @@ class ForkServer:
         self._lock = threading.Lock()
         self._next = 0
         self._waiting: dict[int, Queue] = {}
+        self._ready = threading.Event()
+        self._gone = False
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -125,17 +127,28 @@ class ForkServer:
             except OSError:
                 msg = b""
             if not msg:
+                self._gone = True
+                self._ready.set()
                 with self._lock:
                     for q in self._waiting.values():
                         q.put({"exit": None, "server_gone": True})
                 return
             reply = json.loads(msg)
+            if reply.get("ready"):
+                self._ready.set()
+                continue
             with self._lock:
                 q = self._waiting.get(reply["id"])
             if q is not None:
                 q.put(reply)
 
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        """Block until the server has imported torch and warmed up."""
+        if not self._ready.wait(timeout) or self._gone:
+            raise RuntimeError("the fork server did not start: see the messages above")
+
     def fork(self, job: Path, event_w: int) -> tuple[int, Queue]:
+        self.wait_ready()
         with self._lock:
             rid = self._next
             self._next += 1
@@ -233,7 +246,7 @@ def run_submission(
     cells: list[tuple[str, str]],
     module_name: str,
     calls: list[Planned],
-    inputs: dict[str, torch.Tensor],
+    inputs: bytes,
     device: str,
     limits: Limits,
 ) -> RunReport:
@@ -269,7 +282,7 @@ def run_submission(
             ],
         }
         (job / "plan.json").write_text(json.dumps(plan))
-        safetensors.torch.save_file(inputs, str(job / "inputs.safetensors"))
+        (job / "inputs.safetensors").write_bytes(inputs)
         while True:
             (job / "resume.json").write_text(
                 json.dumps({"skip_cells": skip_cells, "skip_calls": sorted(outcomes)})
