@@ -16,7 +16,7 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 
 # Grade the bundled example class: one row per student, one results file each.
 demo: $(STAMP)
-	$(BIN)/python -m autograder grade examples/class/* --stage 01_attention --results-dir build/demo
+	$(BIN)/python -m autograder grade examples/class/*/ --stage 01_attention --results-dir build/demo
 
 test: $(STAMP)
 	$(BIN)/ruff check .

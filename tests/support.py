@@ -34,3 +34,126 @@ def no_process_left(marker: str, timeout: float = 5.0) -> bool:
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     return False
+
+
+# -- notebooks, results files, the CLI, work shared between xdist workers ------------------
+
+
+def write_notebook(path: Path, cells: list, version: int = 4) -> Path:
+    """A notebook at ``path`` (a directory gets ``01_attention.ipynb``) from cell strings,
+    as Jupyter would save it unexecuted: a ``str`` is a code cell; ``("markdown", text)``
+    and ``("code", source, [tags])`` give the other kinds. ``version=3`` writes nbformat 3."""
+    import nbformat
+
+    if path.suffix != ".ipynb":
+        path = path / "01_attention.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if version == 3:
+        v3 = nbformat.v3
+        made = []
+        for c in cells:
+            kind, src = ("code", c) if isinstance(c, str) else c[:2]
+            made.append(
+                v3.new_code_cell(input=src) if kind == "code" else v3.new_text_cell("markdown", src)
+            )
+        nb = v3.new_notebook(worksheets=[v3.new_worksheet(cells=made)])
+        path.write_text(v3.writes_json(nb))
+        return path
+    v4 = nbformat.v4
+    made = []
+    for c in cells:
+        if isinstance(c, str):
+            made.append(v4.new_code_cell(c))
+        elif c[0] == "markdown":
+            made.append(v4.new_markdown_cell(c[1]))
+        else:
+            made.append(v4.new_code_cell(c[1], metadata={"tags": list(c[2])} if len(c) > 2 else {}))
+    nb = v4.new_notebook(
+        cells=made,
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    )
+    nbformat.validate(nb)
+    path.write_text(nbformat.writes(nb))
+    return path
+
+
+TEST_KEYS = {"name", "score", "max_score", "status", "output", "tags"}
+
+
+def assert_gradescope_results(data: dict, max_score: float | None = 17.0, n_tests: int | None = 15):
+    """``data`` (a parsed results.json) is a complete Gradescope results file."""
+    assert isinstance(data, dict), data
+    assert isinstance(data.get("score"), int | float), data.keys()
+    assert isinstance(data.get("output"), str)
+    tests = data.get("tests")
+    assert isinstance(tests, list) and tests, "no tests in the results file"
+    if n_tests is not None:
+        assert len(tests) == n_tests
+    for t in tests:
+        assert TEST_KEYS <= t.keys(), f"missing {TEST_KEYS - t.keys()} in {t}"
+        assert isinstance(t["name"], str) and t["name"]
+        assert isinstance(t["output"], str) and t["output"]
+        assert 0 <= t["score"] <= t["max_score"]
+        assert t["status"] == ("passed" if t["score"] >= t["max_score"] else "failed")
+        assert isinstance(t["tags"], list) and all(isinstance(x, str) for x in t["tags"])
+    assert abs(data["score"] - sum(t["score"] for t in tests)) < 1e-6
+    if max_score is not None:
+        assert sum(t["max_score"] for t in tests) == max_score
+
+
+def cli_command(*args: str) -> dict:
+    """``subprocess`` arguments for ``python -m autograder ARGS`` run from the repository root."""
+    import sys
+
+    return {
+        "args": [sys.executable, "-m", "autograder", *args],
+        "cwd": ROOT,
+        "env": {**os.environ, "COLUMNS": "200"},
+        "text": True,
+    }
+
+
+def run_cli(*args: str, timeout: float = 300.0):
+    """Run the real command line; a CompletedProcess with its stdout and stderr."""
+    import subprocess
+
+    return subprocess.run(**cli_command(*args), capture_output=True, timeout=timeout)
+
+
+def run_cli_many(commands: dict[str, list[str]], timeout: float = 300.0) -> dict[str, dict]:
+    """Several command lines at once (each pays seconds of start-up, mostly waiting):
+    name -> {"rc", "stdout", "stderr"}."""
+    import subprocess
+
+    procs = {
+        name: subprocess.Popen(
+            **cli_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for name, args in commands.items()
+    }
+    done = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=timeout)
+        done[name] = {"rc": proc.returncode, "stdout": stdout, "stderr": stderr}
+    return done
+
+
+def once_per_session(tmp_path_factory, key: str, compute):
+    """``compute()`` (JSON-serialisable) run once per pytest session, even under xdist:
+    the first worker to ask computes it under a file lock, the others read its result."""
+    import fcntl
+    import json
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # the workers' common parent; it may outlive the run (--basetemp): key by the run
+        base = base.parent
+        key = f"{key}-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'run')}"
+    done = base / f"{key}.json"
+    with open(base / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            tmp = done.with_suffix(".tmp")
+            tmp.write_text(json.dumps(compute()))
+            tmp.replace(done)
+    return json.loads(done.read_text())

@@ -1,0 +1,186 @@
+"""The example class (examples/class/): every student gets the score and the named
+mistakes its README promises. The class is graded once per session with one Grader."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from autograder.report import to_gradescope
+from tests.support import ROOT, assert_gradescope_results, once_per_session
+
+pytestmark = pytest.mark.stage01
+STAGE = "01_attention"
+CLASS = ROOT / "examples" / "class"
+
+SOFTMAX, ATTENTION = "softmax", "scaled_dot_product_attention"
+PADDING, CAUSAL = "padding_mask", "causal_mask"
+MASKS = {PADDING, CAUSAL}
+ALL = {SOFTMAX, ATTENTION, PADDING, CAUSAL}
+
+# student -> (score, misconception ids named anywhere, graded names that lose points)
+EXPECTED: dict[str, tuple[float, set[str], set[str]]] = {
+    "ada_correct_matmul": (17, set(), set()),
+    "grace_correct_einsum": (17, set(), set()),
+    "bob_missing_scale": (8, {"missing-scale"}, {ATTENTION}),
+    "carol_scale_by_d": (8, {"scale-by-d"}, {ATTENTION}),
+    "dan_softmax_ignores_dim": (15.5, {"softmax-wrong-dim"}, {SOFTMAX}),
+    "olga_attention_softmax_over_queries": (8, {"softmax-wrong-dim"}, {ATTENTION}),
+    "erin_mask_inverted_in_attention": (12, {"mask-inverted"}, {ATTENTION}),
+    "faye_mask_true_means_padding": (8, {"mask-inverted"}, {ATTENTION} | MASKS),
+    "gus_unstable_softmax": (14, {"unstable-softmax"}, {SOFTMAX, ATTENTION}),
+    "hana_weights_transposed": (8, {"weights-transposed"}, {ATTENTION}),
+    "ivan_forbidden_torch_softmax": (13, set(), {SOFTMAX}),
+    "judy_syntax_error": (15, set(), {PADDING}),
+    "ken_untouched_template": (0, set(), ALL),
+    "leo_infinite_loop": (15, set(), {CAUSAL}),
+    "mia_padding_mask_2d": (15, set(), {PADDING}),
+    "noah_partial": (13, set(), MASKS),
+}
+# Students whose every lost point is one known mistake: each failing test names it.
+ONE_MISTAKE = {s: ids for s, (_, ids, _) in EXPECTED.items() if len(ids) == 1}
+
+
+def _grade_class() -> dict[str, dict]:
+    from autograder.grade import Grader
+    from autograder.runner import Limits
+
+    out = {}
+    with Grader(limits=Limits(call_s=2.0)) as grader:
+        for sub in sorted(p for p in CLASS.iterdir() if p.is_dir()):
+            r = grader.grade(sub, [STAGE])
+            out[r.student] = {
+                **dataclasses.asdict(r),
+                "score": r.score,
+                "gradescope": to_gradescope(r),
+            }
+    return out
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory) -> dict[str, dict]:
+    return once_per_session(tmp_path_factory, "example_class", _grade_class)
+
+
+def _stage(graded: dict, student: str) -> dict:
+    (stage,) = graded[student]["stages"]
+    return stage
+
+
+def _tests(graded: dict, student: str, function: str | None = None) -> list[dict]:
+    return [t for t in _stage(graded, student)["tests"] if function in (None, t["function"])]
+
+
+def test_the_table_covers_the_whole_class():
+    on_disk = {p.name for p in CLASS.iterdir() if p.is_dir()}
+    assert on_disk == set(EXPECTED)
+    # `make demo` grades examples/class/*/: nothing but the README may sit beside the students
+    assert {p.name for p in CLASS.iterdir() if not p.is_dir()} == {"README.md"}
+    readme = (CLASS / "README.md").read_text()
+    for student in EXPECTED:
+        assert f"`{student}`" in readme, f"{student} is missing from examples/class/README.md"
+
+
+@pytest.mark.parametrize("student", sorted(EXPECTED))
+def test_score_and_named_mistakes(graded, student):
+    score, ids, losing = EXPECTED[student]
+    r = graded[student]
+    tags = {m for t in _tests(graded, student) for m in t["misconceptions"]}
+    lost = {t["function"] for t in _tests(graded, student) if t["score"] < t["max_score"]}
+    assert (r["score"], tags, lost) == (score, ids, losing)
+    assert_gradescope_results(r["gradescope"])
+    gs_tags = {x for t in r["gradescope"]["tests"] for x in t["tags"] if x.startswith("misconception:")}
+    assert gs_tags == {f"misconception:{i}" for i in ids}
+
+
+@pytest.mark.parametrize("student", sorted(ONE_MISTAKE))
+def test_every_failing_test_names_the_mistake(graded, student):
+    (mid,) = ONE_MISTAKE[student]
+    for t in _tests(graded, student):
+        if t["score"] < t["max_score"]:
+            assert t["misconceptions"] == [mid], t["output"]
+            assert f"likely mistake [{mid}]" in t["output"]
+        else:
+            assert t["misconceptions"] == []
+
+
+def test_correct_students_pass_everything_without_problems(graded):
+    for student in ("ada_correct_matmul", "grace_correct_einsum"):
+        assert all(t["score"] == t["max_score"] for t in _tests(graded, student))
+        # grace's %matplotlib line is neutralised; nothing else is worth a note
+        assert all("neutralised" in n for n in _stage(graded, student)["notes"]), student
+    assert "tensor([0.0900, 0.2447, 0.6652])" in _stage(graded, "grace_correct_einsum")["stdout"]
+
+
+def test_forbidden_softmax_costs_softmax_only_and_is_named(graded):
+    student = "ivan_forbidden_torch_softmax"
+    for t in _tests(graded, student, SOFTMAX):
+        assert t["score"] == 0
+        assert "torch.softmax" in t["output"] and "forbids" in t["output"]
+    others = [t for t in _tests(graded, student) if t["function"] != SOFTMAX]
+    assert others and all(t["score"] == t["max_score"] for t in others)
+
+
+def test_syntax_error_is_reported_with_its_cell_and_the_rest_graded(graded):
+    student = "judy_syntax_error"
+    notes = _stage(graded, student)["notes"]
+    assert any("code cell 9" in n and "'(' was never closed" in n for n in notes), notes
+    assert "code cell 9 raised SyntaxError" in graded[student]["gradescope"]["output"]
+    for t in _tests(graded, student, PADDING):
+        assert t["score"] == 0 and "`padding_mask` is not defined" in t["output"]
+
+
+def test_hanging_function_loses_only_its_points(graded):
+    student = "leo_infinite_loop"
+    tests = _tests(graded, student)
+    assert all(t["score"] == t["max_score"] for t in tests if t["function"] != CAUSAL)
+    hung = [t for t in tests if t["function"] == CAUSAL]
+    assert hung and all(t["score"] == 0 for t in hung)
+    first = hung[0]["cases"][0]
+    assert first["message"].startswith("did not finish within 2 s"), first
+    assert all("did not finish" in c["message"] for t in hung for c in t["cases"])
+    # one call hangs to its limit; the other calls of the name are not made
+    assert graded[student]["execution_time"] < 2.0 + 8.0
+
+
+def test_untouched_template_says_not_implemented_everywhere(graded):
+    tests = _tests(graded, "ken_untouched_template")
+    assert _stage(graded, "ken_untouched_template")["notes"] == []  # skip-grading cells skipped
+    assert all(t["score"] == 0 for t in tests)
+    for t in tests:
+        for c in t["cases"]:
+            assert "not implemented yet" in c["message"], c
+
+
+def test_partial_submission_grades_what_is_done(graded):
+    for t in _tests(graded, "noah_partial"):
+        if t["function"] in MASKS:
+            assert all("not implemented yet" in c["message"] for c in t["cases"])
+
+
+def test_wrong_shape_is_named(graded):
+    (first, *_) = _tests(graded, "mia_padding_mask_2d", PADDING)
+    assert "expected shape (3, 1, 1, 5), got (3, 5)" in first["output"]
+
+
+def test_neutralised_shell_line_is_noted(graded):
+    notes = _stage(graded, "dan_softmax_ignores_dim")["notes"]
+    assert any("!pip install -q torch" in n and "neutralised" in n for n in notes), notes
+
+
+def test_notebooks_are_clean_v4_without_outputs():
+    import nbformat
+
+    notebooks = sorted(CLASS.glob("*/01_attention.ipynb"))
+    scripts = sorted(CLASS.glob("*/01_attention.py"))
+    assert len(notebooks) >= 5 and len(scripts) >= 5
+    for path in notebooks:
+        raw = json.loads(path.read_text())
+        assert raw["nbformat"] == 4, path
+        nb = nbformat.reads(path.read_text(), as_version=4)
+        nbformat.validate(nb)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert cell.outputs == [] and cell.execution_count is None, path
