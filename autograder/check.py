@@ -41,30 +41,45 @@ class Expectation:
     variants: Sequence[tuple[str, Sequence[Tensor]]]  # (misconception id, outputs)
 
 
+def _a(word: str) -> str:
+    return f"an {word}" if word[:1].lower() in "aeiou" else f"a {word}"
+
+
 def failure_message(name: str, signature: str, status: str, info: Mapping[str, object]) -> str:
     """The student-facing sentence for a call that did not return usable values."""
-    where = f" ({info['where']})" if info.get("where") else ""
+    where = f" at {info['where']}" if info.get("where") else ""
+    message = str(info.get("message", "")).strip()
+    said = f": {message}" if message else ""
     if status == "missing":
         return f"`{name}` is not defined. Define it at the top level of a code cell: {signature}."
     if status == "not_callable":
-        return (
-            f"`{name}` {info.get('type', 'is not callable')!s} — expected {signature}."
-            if str(info.get("type", "")).startswith("is ")
-            else f"`{name}` is a {info.get('type')}, not something that can be called: {signature}."
-        )
+        what = str(info.get("type", "object"))
+        what = what if what.startswith("is ") else f"is {_a(what)}, not a function or class"
+        return f"`{name}` {what}; expected {signature}."
     if status == "not_implemented":
         return f"`{name}` is not implemented yet (it raises NotImplementedError)."
     if status == "type_error":
         return (
-            f"calling {signature} raised TypeError: {info.get('message', '')}{where}. "
+            f"calling {signature} raised TypeError{said}{where}. "
             f"Check that your definition takes exactly these parameters."
         )
+    if status == "error" and info.get("type") == "SystemExit":
+        return f"`{name}` called sys.exit(){where}: a graded function must return its result, not exit."
     if status == "error":
-        return f"raised {info.get('type', 'an exception')}: {info.get('message', '')}{where}"
+        return f"raised {info.get('type', 'an exception')}{said}{where}"
     if status == "forbidden":
         calls = ", ".join(str(c) for c in info.get("calls", []))  # type: ignore[union-attr]
         return f"`{name}` called {calls}, which this task forbids: build it from basic tensor operations."
-    return str(info.get("message", status))
+    return message or status
+
+
+def returned_what(kind: str, facts: Mapping[str, str]) -> str:
+    if kind in KIND_NAMES:
+        return KIND_NAMES[kind]
+    typename = facts.get("type", "value")
+    if typename == "NoneType":
+        return "None (is a `return` missing?)"
+    return f"{_a(typename)} object"
 
 
 def check_case(
@@ -85,7 +100,7 @@ def check_case(
     ):
         prefix = f"`{out_name}`: " if len(exp.outputs) > 1 else ""
         if kind != exp.returns:
-            what = KIND_NAMES.get(kind, f"a {facts.get('type', 'value')}")
+            what = returned_what(kind, facts)
             problems.append(f"{prefix}returned {what}; expected {KIND_NAMES[exp.returns]}")
             got.append(None)
             continue

@@ -47,10 +47,7 @@ def grade(
     ] = 120.0,
 ) -> None:
     """Grade SUBMISSIONS against the hidden reference. Exit 0 whenever grading completed."""
-    from autograder.grade import Grader
-    from autograder.report import class_table, print_notes, test_table, write_results
-    from autograder.runner import Limits
-    from autograder.stages import stage_ids
+    from autograder.stages import stage_ids  # instant: usage errors are reported before torch loads
 
     for s in submissions:
         if not (s.exists() or s.is_symlink()):
@@ -68,6 +65,10 @@ def grade(
     if len(set(names)) != len(names) and results_dir is not None:
         err.print("error: two submissions share a name; their results would overwrite each other")
         raise typer.Exit(2)
+    from autograder.grade import Grader
+    from autograder.report import class_table, print_notes, test_table, write_results
+    from autograder.runner import Limits
+
     try:
         grader = Grader(device=device, limits=Limits(call_s=call_timeout, submission_s=submission_timeout))
     except ValueError as exc:

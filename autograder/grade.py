@@ -8,6 +8,7 @@ sees expected values; the child gets inputs alone.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -148,20 +149,43 @@ class StagePlan:
         return cls(spec, device, cases, calls, inputs)
 
 
+def _cell_label(source: Source, i: int) -> str:
+    """``code cell 9 (`def padding_mask(lengths, max_len):`)``: findable in any notebook."""
+    label, code = source.cells[i] if i < len(source.cells) else (f"cell {i}", "")
+    first = next((line.strip() for line in code.splitlines() if line.strip()), "")
+    return f"{label} (`{first[:60]}`)" if first and len(source.cells) > 1 else label
+
+
+def _cell_error(err: dict[str, str]) -> str:
+    message = err.get("message", "")[:300]
+    return f"raised {err.get('type')}" + (f": {message}" if message else "")
+
+
 def _cell_notes(source: Source, report: RunReport) -> list[str]:
     notes = list(source.notes)
     for i, err in sorted(report.cell_errors.items()):
-        label = source.cells[i][0] if i < len(source.cells) else f"cell {i}"
         where = f" at {err['where']}" if err.get("where") else ""
-        notes.append(f"{label} raised {err.get('type')}: {err.get('message', '')[:300]}{where}")
+        notes.append(f"{_cell_label(source, i)} {_cell_error(err)}{where}")
     return notes + report.notes
 
 
-def _test_output(test: Test, cases: list[CaseResult], score: float, forbidden: str | None) -> str:
+def _lost_names(spec: StageSpec, source: Source, report: RunReport) -> dict[str, str]:
+    """Graded names whose defining cell raised: why a name is "not defined"."""
+    lost = {}
+    for g in spec.graded:
+        pattern = re.compile(rf"^\s*(def|class)\s+{re.escape(g.name)}\b", re.MULTILINE)
+        for i, err in sorted(report.cell_errors.items()):
+            if i < len(source.cells) and pattern.search(source.cells[i][1]):
+                lost[g.name] = f"Its cell, {source.cells[i][0]}, {_cell_error(err)}."
+                break
+    return lost
+
+
+def _test_output(test: Test, cases: list[CaseResult], score: float, headline: str | None) -> str:
     passed = sum(c.passed for c in cases)
     lines = [f"{passed}/{len(cases)} cases passed; {score:g}/{test.points:g} points."]
-    if forbidden:
-        lines.append(forbidden)
+    if headline:
+        lines.append(headline)
     for c in cases:
         lines.append(f"{'✓' if c.passed else '✗'} {c.label}: {c.message}")
     return "\n".join(lines)
@@ -174,6 +198,7 @@ def score_stage(
     notes: list[str],
     failure: str | None = None,
     stdout: str = "",
+    lost: dict[str, str] | None = None,
 ) -> StageResult:
     """Turn call outcomes into test results. ``failure`` (a load problem) fails every case."""
     spec = plan.spec
@@ -181,10 +206,12 @@ def score_stage(
     forbidden: dict[str, str] = {}
     for pc in plan.cases:
         if failure is not None or outcomes is None:
-            result = CaseResult(pc.label, False, failure or "not graded")
+            result = CaseResult(pc.label, False, "not run")  # the reason heads the test's output
         else:
             o = outcomes[pc.index]
             result = check_case(pc.label, o.status, o.info, o.outputs, pc.expectation, spec.misconceptions)
+            if o.status == "missing" and lost and pc.graded.name in lost:
+                result.message += " " + lost[pc.graded.name]
             if o.status == "forbidden" and pc.graded.name not in forbidden:
                 forbidden[pc.graded.name] = failure_message(
                     pc.graded.name, pc.graded.signature, o.status, o.info
@@ -222,7 +249,7 @@ def score_stage(
                     hidden=test.hidden,
                     cases=results,
                     misconceptions=mistakes,
-                    output=_test_output(test, results, score, forbidden.get(graded.name)),
+                    output=_test_output(test, results, score, failure or forbidden.get(graded.name)),
                 )
             )
     return StageResult(spec.id, file, tests, notes, stdout)
@@ -293,7 +320,14 @@ class Grader:
             self.device,
             spec_limits,
         )
-        return score_stage(plan, shown, report.calls, _cell_notes(source, report), stdout=report.stdout)
+        return score_stage(
+            plan,
+            shown,
+            report.calls,
+            _cell_notes(source, report),
+            stdout=report.stdout,
+            lost=_lost_names(plan.spec, source, report),
+        )
 
     def grade(self, submission: Path, stages: list[str], student: str | None = None) -> SubmissionResult:
         # Start-up is per run, not per student: the server's warm-up and the expected values

@@ -186,7 +186,9 @@ def _describe(exc: BaseException) -> dict[str, str]:
             where = f"line {f.lineno}" + (f": {f.line.strip()}" if f.line else "")
     if isinstance(exc, SyntaxError) and exc.filename and exc.filename.startswith("<submission"):
         where = f"{exc.filename[12:-1]}, line {exc.lineno}: {(exc.text or '').strip()}"
-    return {"type": type(exc).__name__, "message": text(exc), "where": where[:2000]}
+    # a SyntaxError's str() repeats the file and line that `where` already gives
+    message = text(exc.msg) if isinstance(exc, SyntaxError) else text(exc)
+    return {"type": type(exc).__name__, "message": message, "where": where[:2000]}
 
 
 def run_call(

@@ -59,7 +59,11 @@ def _read_text(path: Path) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise LoadError(f"{path.name} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        what = "a Jupyter notebook" if path.suffix == ".ipynb" else "a Python file"
+        raise LoadError(
+            f"{path.name} is not {what}: it is not text ({exc.reason} at byte {exc.start}). "
+            f"Submit the file that Jupyter saved."
+        ) from None
 
 
 def _code_cells(text: str, name: str) -> list[tuple[str, list[str]]]:

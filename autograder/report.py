@@ -77,15 +77,15 @@ def write_results(result: SubmissionResult, path: Path) -> None:
 
 def class_table(results: list[SubmissionResult]) -> Table:
     table = Table(title="bertlab grades", title_justify="left")
-    table.add_column("student")
-    table.add_column("score", justify="right")
+    table.add_column("student", no_wrap=True)
+    table.add_column("score", justify="right", no_wrap=True)
     table.add_column("%", justify="right")
     table.add_column("named mistakes")
     table.add_column("problems")
     for r in results:
         problems = []
         for s in r.stages:
-            problems += s.notes[:2]
+            problems += [n for n in s.notes if not n.startswith("neutralised")][:2]
             for t in s.tests:
                 if not t.passed and not t.misconceptions:
                     first = next((c.message for c in t.cases if not c.passed), "")

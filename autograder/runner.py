@@ -174,6 +174,7 @@ class ForkServer:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
 
     def __enter__(self) -> ForkServer:
         return self
@@ -336,7 +337,8 @@ def run_submission(
                 break
             what, i = current
             reason = (
-                f"did not finish within {limits.call_s if what == 'call' else limits.cell_s:g} s"
+                f"did not finish within {limits.call_s if what == 'call' else limits.cell_s:g} s "
+                f"(an infinite loop, or a wait for input?)"
                 if timed_out
                 else f"stopped: {_exit_reason(code)}"
             )
@@ -349,7 +351,9 @@ def run_submission(
                 }
             else:
                 name = by_index[i].name
-                outcomes[i] = CallOutcome("timeout" if timed_out else "crashed", {"message": reason})
+                outcomes[i] = CallOutcome(
+                    "timeout" if timed_out else "crashed", {"message": f"{name} {reason}"}
+                )
                 crashes[name] = crashes.get(name, 0) + 1
                 # A name that hung once, or crashed twice, would do it again: don't spend
                 # the submission's budget on it.

@@ -126,6 +126,7 @@ def build(root: Path) -> list[Path]:
             f"%%writefile {root / 'writefile_ran'}\nprint('hi')\n",
             *cells()[1:],
             "%time y = softmax(torch.randn(3))",
+            "assert y.shape == (3,)  # %time ran its statement",
         ],
     )
     write_py(
@@ -201,7 +202,7 @@ CASES = {
     # student: (points per graded name, text in the tests' or the file's output)
     "empty_dir": (ZERO, "no 01_attention.ipynb or 01_attention.py in the submission"),
     "01_attention": (ZERO, "01_attention.txt is neither a notebook (.ipynb) nor a Python file (.py)"),
-    "png_as_notebook": (ZERO, "01_attention.ipynb is not UTF-8 text"),
+    "png_as_notebook": (ZERO, "01_attention.ipynb is not a Jupyter notebook"),
     "corrupt_json": (ZERO, "01_attention.ipynb is not a valid notebook: invalid JSON at line"),
     "no_code_cells": (ZERO, "01_attention.ipynb has no code cells to run"),
     "wrong_signature": (
@@ -213,11 +214,11 @@ CASES = {
         {**FULL, "scaled_dot_product_attention": 0},
         "returned a tuple of 3 values; expected 2 values (out, weights)",
     ),
-    "softmax_is_a_number": ({**FULL, "softmax": 0}, "not something that can be called"),
+    "softmax_is_a_number": ({**FULL, "softmax": 0}, "`softmax` is an int, not a function or class"),
     "causal_mask_missing": ({**FULL, "causal_mask": 0}, "`causal_mask` is not defined"),
     "nbformat_v3": (FULL, None),
     "magics_and_shell": (FULL, "code cell 2 starts with %%bash: not Python, skipped when grading"),
-    "sys_exit_in_causal_mask": ({**FULL, "causal_mask": 0}, "raised SystemExit: bye"),
+    "sys_exit_in_causal_mask": ({**FULL, "causal_mask": 0}, "called sys.exit() at 01_attention.py, line 25: sys.exit('bye'): a graded function must return its result"),
     "os_exit_in_padding_mask": (
         {**FULL, "padding_mask": 0},
         "stopped: the process exited with status 1",
@@ -266,7 +267,7 @@ def test_shell_lines_and_cell_magics_never_run(run):
     text = run["results"]["magics_and_shell"]["output"]
     assert "neutralised '!pip install x'" in text
     assert "%%writefile: not Python, skipped" in text
-    assert "neutralised '%time y = softmax(torch.randn(3))'" in text
+    assert "%time" not in text  # Python with a stopwatch: the statement ran, y exists
     assert "raised" not in text  # no cell failed
 
 

@@ -9,8 +9,10 @@ import os
 import re
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from autograder.spec import StageSpec
+if TYPE_CHECKING:  # importing the spec module imports torch: stage_ids() must stay instant
+    from autograder.spec import StageSpec
 
 _STAGE_FILE = re.compile(r"^(\d\d_[a-z0-9_]+)\.py$")
 STAGE_PATH_ENV = "BERTLAB_STAGE_PATH"
