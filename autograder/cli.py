@@ -12,7 +12,8 @@ from rich.console import Console
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="bertlab: grade Transformer/BERT exercises."
 )
-console = Console(stderr=False)
+# Logs and CI are not terminals: rich would fall back to 80 columns and fold every row.
+console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
 

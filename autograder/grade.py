@@ -152,7 +152,8 @@ class StagePlan:
 def _cell_label(source: Source, i: int) -> str:
     """``code cell 9 (`def padding_mask(lengths, max_len):`)``: findable in any notebook."""
     label, code = source.cells[i] if i < len(source.cells) else (f"cell {i}", "")
-    first = next((line.strip() for line in code.splitlines() if line.strip()), "")
+    lines = [line.strip() for line in code.splitlines() if line.strip()]
+    first = next((line for line in lines if not line.startswith("#")), lines[0] if lines else "")
     return f"{label} (`{first[:60]}`)" if first and len(source.cells) > 1 else label
 
 

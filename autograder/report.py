@@ -79,9 +79,9 @@ def class_table(results: list[SubmissionResult]) -> Table:
     table = Table(title="bertlab grades", title_justify="left")
     table.add_column("student", no_wrap=True)
     table.add_column("score", justify="right", no_wrap=True)
-    table.add_column("%", justify="right")
-    table.add_column("named mistakes")
-    table.add_column("problems")
+    table.add_column("%", justify="right", min_width=3)
+    table.add_column("named mistakes", min_width=18)
+    table.add_column("first problem", max_width=64, no_wrap=True, overflow="ellipsis")
     for r in results:
         problems = []
         for s in r.stages:
@@ -97,7 +97,7 @@ def class_table(results: list[SubmissionResult]) -> Table:
             f"{r.score:g} / {r.max_score:g}",
             f"{pct:.0f}",
             ", ".join(r.misconceptions) or "—",
-            escape("; ".join(problems[:2]), 160) or "—",
+            escape(problems[0].split("; ")[0], 400) if problems else "—",  # one line; the file has all
         )
     return table
 
