@@ -6,6 +6,8 @@ All the bad submissions are graded by one CLI run (``--results-dir``), once per 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -297,3 +299,10 @@ def test_results_option_writes_one_file_for_one_submission(run):
 def test_the_v3_notebook_really_is_nbformat_3(run):
     raw = json.loads((Path(run["root"]) / "nbformat_v3" / f"{STAGE}.ipynb").read_text())
     assert raw["nbformat"] == 3 and "worksheets" in raw
+
+
+def test_console_script_is_the_same_cli():
+    script = Path(sys.executable).parent / "bertlab"
+    proc = subprocess.run([str(script), "stages"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "01_attention" in proc.stdout and "scaled_dot_product_attention(q, k, v, mask=None)" in proc.stdout
