@@ -11,6 +11,7 @@ reads what it left only after it has exited.
 
 from __future__ import annotations
 
+import base64
 import builtins
 import json
 import linecache
@@ -24,7 +25,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from autograder import wire
+from autograder import sandbox, wire
 from autograder.harness import _describe, run_call
 
 MAX_TEXT = 2000
@@ -84,7 +85,7 @@ def _reseed(index: int) -> None:
         torch.cuda.manual_seed_all(index)
 
 
-def _run_call(ns: dict[str, Any], call: dict[str, Any], tensors: dict, device: str, out: Path) -> dict:
+def _run_call(ns: dict[str, Any], call: dict[str, Any], tensors: dict, device: str) -> dict:
     data = {k: wire.decode(v, tensors, device) for k, v in call["data"].items()}
     status, info, items = run_call(
         ns, call["name"], call["kind"], data, call["outputs"], call["forbidden"], device
@@ -102,8 +103,9 @@ def _run_call(ns: dict[str, Any], call: dict[str, Any], tensors: dict, device: s
                 }
             saved[f"o{k}"] = t
         described.append({"kind": kind, **{f: _text(v)[:100] for f, v in facts.items()}})
-    safetensors.torch.save_file(saved, str(out / f"{call['index']}.safetensors"))
-    return {"status": "ok", "outputs": described}
+    # the values travel on the event pipe: the child writes no file the parent reads
+    blob = base64.b64encode(safetensors.torch.save(saved)).decode("ascii")
+    return {"status": "ok", "outputs": described, "blob": blob}
 
 
 def main(job_dir: str, event_fd: int) -> int:
@@ -125,13 +127,16 @@ def main(job_dir: str, event_fd: int) -> int:
     plan = json.loads((job / "plan.json").read_text())
     resume = json.loads((job / "resume.json").read_text())
     tensors = safetensors.torch.load_file(str(job / "inputs.safetensors"))
-    out = job / "out"
     device = plan["device"]
     torch.set_num_threads(1)  # one core per child: grading parallelises across submissions
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    os.chdir(job / "work")
+    work = job / "work"
+    # Everything the child needs is read: from here on it can reach nothing else.
+    layers, failed = sandbox.confine(work, resume.get("uid"), sandbox.Budget(**plan.get("budget", {})))
+    emit(e="sandbox", layers=layers, failed=failed)
+    os.chdir(work)
     sys.argv = [plan["module_name"]]
 
     ns: dict[str, Any] = {"__name__": plan["module_name"], "__builtins__": builtins}
@@ -156,7 +161,7 @@ def main(job_dir: str, event_fd: int) -> int:
             continue
         emit(e="call", i=j)
         _reseed(10_000 + j)
-        emit(e="call_end", i=j, **_run_call(ns, call, tensors, device, out))
+        emit(e="call_end", i=j, **_run_call(ns, call, tensors, device))
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -70,11 +70,14 @@ def _warm_up() -> None:
 
 def serve(fd: int) -> None:
     import autograder.child  # noqa: F401  (the preload: torch, numpy, safetensors)
+    from autograder import sandbox
 
+    # Before anything else: this server and every child it forks have no network.
+    network_isolated = sandbox.isolate_network()
     _warm_up()
 
     sock = socket.socket(fileno=fd)
-    sock.send(json.dumps({"ready": True}).encode())
+    sock.send(json.dumps({"ready": True, "network_isolated": network_isolated}).encode())
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ, None)
     running: dict[int, tuple[int, int]] = {}  # pidfd -> (request id, pid)

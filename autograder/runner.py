@@ -9,6 +9,8 @@ and a fresh one resumes after it, so every other call is still made.
 
 from __future__ import annotations
 
+import base64
+import itertools
 import json
 import os
 import select
@@ -27,11 +29,12 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from autograder import wire
+from autograder import sandbox, wire
 
-MAX_EVENT_BYTES = 1 << 20  # a child that floods its event pipe is cut off
+MAX_EVENT_BYTES = 512 << 20  # returned values travel here; a child that floods the pipe is cut off
 MAX_OUTPUT_FILE = 256 << 20
 MAX_STDOUT = 4000
+_job_ids = itertools.count()
 MAX_RESTARTS = 4  # plus two per graded name
 
 
@@ -60,6 +63,7 @@ class CallOutcome:
     # forbidden | bad_return | timeout | crashed | skipped
     info: dict[str, Any] = field(default_factory=dict)
     outputs: list[tuple[str, torch.Tensor | None, dict[str, str]]] = field(default_factory=list)
+    blob: bytes | None = None  # the returned values as the child sent them (safetensors)
 
 
 @dataclass
@@ -222,13 +226,15 @@ class _Events:
         return events
 
 
-def _load_outputs(path: Path, described: list[Any], n: int) -> list[tuple[str, torch.Tensor | None, dict]]:
-    """Parse the child's safetensors file as plain tensors, checking it against its report."""
+def _load_outputs(
+    blob: bytes | None, described: list[Any], n: int
+) -> list[tuple[str, torch.Tensor | None, dict]]:
+    """Parse the child's returned values as plain tensors, checking them against its report."""
     if not isinstance(described, list) or len(described) != n:
         raise ValueError("the report of returned values is malformed")
-    if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_OUTPUT_FILE:
+    if blob is None or len(blob) > MAX_OUTPUT_FILE:
         raise ValueError("the returned values are missing or too large")
-    tensors = safetensors.torch.load_file(str(path))
+    tensors = safetensors.torch.load(blob)  # raw bytes and a JSON header: nothing executes
     items = []
     for k, d in enumerate(described):
         if not isinstance(d, dict):
@@ -265,7 +271,8 @@ def run_submission(
     with tempfile.TemporaryDirectory(prefix="bertlab-job-") as tmp:
         job = Path(tmp)
         (job / "work").mkdir()
-        (job / "out").mkdir()
+        os.chmod(job, 0o711)  # the child's unprivileged uid may pass through to its work dir
+        uid = sandbox.job_uid(next(_job_ids))
         plan = {
             "module_name": module_name,
             "device": device,
@@ -286,7 +293,7 @@ def run_submission(
         (job / "inputs.safetensors").write_bytes(inputs)
         while True:
             (job / "resume.json").write_text(
-                json.dumps({"skip_cells": skip_cells, "skip_calls": sorted(outcomes)})
+                json.dumps({"skip_cells": skip_cells, "skip_calls": sorted(outcomes), "uid": uid})
             )
             r, w = os.pipe()
             try:
@@ -316,7 +323,13 @@ def run_submission(
                             }
                         elif kind == "call_end" and i in by_index and i not in outcomes:
                             info = {k: v for k, v in ev.items() if k not in ("e", "i")}
+                            blob = info.pop("blob", None)
                             outcomes[i] = CallOutcome(str(info.pop("status", "error")), info)
+                            if isinstance(blob, str):
+                                try:
+                                    outcomes[i].blob = base64.b64decode(blob, validate=True)
+                                except ValueError:
+                                    pass
                             current = None
                         elif kind == "note" and len(notes) < 20:
                             notes.append(str(ev.get("text", ""))[:300])
@@ -324,6 +337,8 @@ def run_submission(
                             finished = True
             finally:
                 _kill_group(pid)
+                if uid is not None:  # whatever detached from the group still has the job's uid
+                    sandbox.kill_uid(uid)
                 os.close(r)
             code = exits.get(timeout=30).get("exit")
             if finished:
@@ -375,11 +390,8 @@ def run_submission(
             outcome = outcomes.setdefault(c.index, CallOutcome("skipped", {"message": stopped}))
             if outcome.status == "ok":
                 try:
-                    outcome.outputs = _load_outputs(
-                        job / "out" / f"{c.index}.safetensors",
-                        outcome.info.get("outputs"),
-                        len(c.outputs),
-                    )
+                    outcome.outputs = _load_outputs(outcome.blob, outcome.info.get("outputs"), len(c.outputs))
+                    outcome.blob = None
                 except Exception as exc:  # any malformed file: that call fails, nothing else
                     outcomes[c.index] = CallOutcome(
                         "bad_return", {"message": f"unreadable returned values ({exc})"}
