@@ -70,6 +70,7 @@ def grade(
     from autograder.report import class_table, print_notes, test_table, write_results
     from autograder.runner import Limits
 
+    _warn_if_exposed()
     try:
         grader = Grader(device=device, limits=Limits(call_s=call_timeout, submission_s=submission_timeout))
     except ValueError as exc:
@@ -109,6 +110,42 @@ def generate(
         err.print("out of date (run `make generate`):\n  " + "\n  ".join(str(p) for p in stale))
         raise typer.Exit(1)
     console.print("up to date" if check else "generated")
+
+
+@app.command()
+def doctor() -> None:
+    """Which sandbox layers this machine offers to the child that runs student code."""
+    from rich.table import Table
+
+    from autograder.sandbox import detect
+
+    report = detect()
+    table = Table(title="bertlab sandbox layers on this machine", title_justify="left")
+    table.add_column("layer")
+    table.add_column("active")
+    table.add_column("detail")
+    for layer in report.layers:
+        table.add_row(layer.name, "[green]yes[/green]" if layer.active else "[red]no[/red]", layer.detail)
+    console.print(table)
+    if report.missing:
+        console.print(f"missing: {', '.join(report.missing)}")
+    else:
+        console.print("all layers active")
+
+
+def _warn_if_exposed() -> None:
+    """Untrusted code as root without every layer deserves a loud warning, not silence."""
+    import os
+
+    from autograder.sandbox import detect
+
+    if os.geteuid() == 0:
+        missing = detect().missing
+        if missing:
+            err.print(
+                f"[bold red]WARNING[/bold red]: grading untrusted code as root without: {', '.join(missing)}. "
+                "Run `python -m autograder doctor` for details."
+            )
 
 
 @app.command()
