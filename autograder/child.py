@@ -18,6 +18,7 @@ import linecache
 import os
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -134,8 +135,9 @@ def main(job_dir: str, event_fd: int) -> int:
         torch.backends.cudnn.allow_tf32 = False
     work = job / "work"
     # Everything the child needs is read: from here on it can reach nothing else.
+    started = time.perf_counter()
     layers, failed = sandbox.confine(work, resume.get("uid"), sandbox.Budget(**plan.get("budget", {})))
-    emit(e="sandbox", layers=layers, failed=failed)
+    emit(e="sandbox", layers=layers, failed=failed, ms=round(1000 * (time.perf_counter() - started), 3))
     os.chdir(work)
     sys.argv = [plan["module_name"]]
 

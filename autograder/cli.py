@@ -143,7 +143,8 @@ def _warn_if_exposed() -> None:
         missing = detect().missing
         if missing:
             err.print(
-                f"[bold red]WARNING[/bold red]: grading untrusted code as root without: {', '.join(missing)}. "
+                "[bold red]WARNING[/bold red]: grading untrusted code as root without: "
+                f"{', '.join(missing)}. "
                 "Run `python -m autograder doctor` for details."
             )
 
