@@ -27,7 +27,7 @@ import safetensors.torch
 import torch
 
 from autograder import sandbox, wire
-from autograder.harness import _describe, run_call
+from autograder.harness import KernelGuard, _describe, run_call
 
 MAX_TEXT = 2000
 MAX_OUTPUT_ELEMENTS = 1 << 24  # per call; far above any case, far below a memory problem
@@ -86,11 +86,20 @@ def _reseed(index: int) -> None:
         torch.cuda.manual_seed_all(index)
 
 
-def _run_call(ns: dict[str, Any], call: dict[str, Any], tensors: dict, device: str) -> dict:
+def _run_call(
+    ns: dict[str, Any], call: dict[str, Any], tensors: dict, device: str, guard: KernelGuard
+) -> dict:
     data = {k: wire.decode(v, tensors, device) for k, v in call["data"].items()}
+    guard.found.clear()
     status, info, items = run_call(
         ns, call["name"], call["kind"], data, call["outputs"], call["forbidden"], device
     )
+    if guard.found and status != "forbidden":
+        # the dispatch-mode detector was evaded, but the kernel itself was reached
+        return {
+            "status": "forbidden",
+            "calls": [f"{op} (reached with the detector bypassed)" for op in guard.found],
+        }
     if status != "ok":
         return {"status": status, **info}
     saved, described, total = {}, [], 0
@@ -157,13 +166,18 @@ def main(job_dir: str, event_fd: int) -> int:
         except BaseException as exc:
             emit(e="cell_error", i=i, **_describe(exc))
     skip_calls = set(resume["skip_calls"])
+    guard, guarded = KernelGuard(()), None
     for call in plan["calls"]:
         j = call["index"]
         if j in skip_calls:
             continue
+        if call["name"] != guarded:  # calls come grouped by name: one registration per name
+            guard.close()
+            guard, guarded = KernelGuard(tuple(call["forbidden"])), call["name"]
         emit(e="call", i=j)
         _reseed(10_000 + j)
-        emit(e="call_end", i=j, **_run_call(ns, call, tensors, device))
+        emit(e="call_end", i=j, **_run_call(ns, call, tensors, device, guard))
+    guard.close()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -7,6 +7,8 @@ for the self-check. It imports neither the reference nor any stage spec.
 from __future__ import annotations
 
 import fnmatch
+import functools
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -233,3 +235,63 @@ def run_call(
     except ReturnError as exc:
         return "bad_return", {"message": str(exc)}, []
     return "ok", {}, [as_plain(item) for item in items]
+
+
+@functools.cache
+def aten_op_names() -> tuple[str, ...]:
+    """Every aten operator's name (computed once, in the fork server's warm-up)."""
+    names = {
+        n.split("::", 1)[1].split(".", 1)[0]
+        for n in torch._C._dispatch_get_all_op_names()
+        if n.startswith("aten::")
+    }
+    return tuple(sorted(names))
+
+
+class ForbiddenKernel(RuntimeError):
+    """Raised by a forbidden operator while a KernelGuard is active."""
+
+
+class KernelGuard:
+    """Replaces the CPU (and CUDA) kernels of forbidden aten operators with ones that record
+    the call and raise, for as long as it is open.
+
+    The dispatch-mode detector can be evaded from inside (popping the mode, disabling
+    modes, a reference to the function taken before it was installed); the dispatcher's
+    kernel table cannot, short of re-registering kernels. Used by the grading child only,
+    once per graded name (registering costs ~2 ms).
+    """
+
+    def __init__(self, patterns: tuple[str, ...]) -> None:
+        self.found: list[str] = []
+        self._lib = None
+        ops = [p.removeprefix("aten::") for p in patterns if p.startswith("aten::")]
+        if not ops:
+            return
+        wanted = re.compile("|".join(fnmatch.translate(p) for p in ops))
+        chosen = [n for n in aten_op_names() if wanted.match(n)]
+        keys = ["CPU"] + (["CUDA"] if torch.cuda.is_available() else [])
+        import warnings
+
+        self._lib = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
+            for name in chosen:
+                for key in keys:
+                    try:
+                        self._lib.impl(name, self._kernel(f"aten::{name}"), key)
+                    except RuntimeError:
+                        continue  # an operator with no kernel for this key
+
+    def _kernel(self, op: str):
+        def forbidden(*args: Any, **kwargs: Any) -> Any:
+            if op not in self.found:
+                self.found.append(op)
+            raise ForbiddenKernel(f"{op} is forbidden in this task")
+
+        return forbidden
+
+    def close(self) -> None:
+        if self._lib is not None:
+            self._lib._destroy()
+            self._lib = None

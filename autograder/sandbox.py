@@ -224,8 +224,21 @@ def _fs_rights(abi: int) -> int:
     return rights
 
 
-_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "passwd", "group", "nsswitch.conf",
-        "hosts", "mime.types", "ssl", "ca-certificates", "fonts", "matplotlibrc")
+_ETC = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "hosts",
+    "mime.types",
+    "ssl",
+    "ca-certificates",
+    "fonts",
+    "matplotlibrc",
+)
 
 
 def readable_roots() -> list[Path]:

@@ -193,3 +193,23 @@ def test_grading_twice_gives_identical_results(grader, tmp_path):
     assert first == second
     assert first["score"] < 17
     assert any("misconception:missing-scale" in t["tags"] for t in first["tests"])
+
+
+def test_bypassing_the_detector_still_reaches_the_guarded_kernel(grader, tmp_path):
+    """Modes popped, a reference taken before grading: the kernel itself is what is forbidden."""
+    code = "_sm = torch.softmax\n" + submission(
+        softmax=(
+            "\ndef softmax(x, dim=-1):\n"
+            "    with torch.utils._python_dispatch._disable_current_modes():\n"
+            "        while torch._C._len_torch_function_stack() > 0:\n"
+            "            torch._C._pop_torch_function_stack()\n"
+            "        return _sm(x, dim)\n"
+        )
+    )
+    code = code.replace(
+        "_sm = torch.softmax\nimport math\nimport torch\n", "import math\nimport torch\n_sm = torch.softmax\n"
+    )
+    result = grader.grade(write_py(tmp_path / "s", STAGE, code), [STAGE])
+    assert scores(result) == {**FULL, "softmax": 0}
+    out = next(t.output for t in result.stages[0].tests if t.function == "softmax")
+    assert "aten::_softmax" in out and "forbids" in out
