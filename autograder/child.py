@@ -17,6 +17,7 @@ import json
 import linecache
 import os
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -49,7 +50,8 @@ class _NoShell:
     def run_line_magic(self, name: str, line: str = "", *a: Any, **k: Any) -> None:
         if name in ("time", "timeit") and self.namespace is not None:
             # `%time y = f(x)` is Python with a stopwatch: run the statement once, untimed
-            exec(compile(line, "<submission %time line>", "exec"), self.namespace)
+            statement = re.sub(r"^\s*(-[a-z](\s*\d+)?\s+)*", "", line)  # %timeit -n1 -r1 ...
+            exec(compile(statement, "<submission %time line>", "exec"), self.namespace)
             return
         self._note(f"%{name} {line}".strip())
 

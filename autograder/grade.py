@@ -9,7 +9,9 @@ sees expected values; the child gets inputs alone.
 from __future__ import annotations
 
 import re
+import sys
 import time
+import traceback
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -151,9 +153,8 @@ class StagePlan:
 
 def _cell_label(source: Source, i: int) -> str:
     """``code cell 9 (`def padding_mask(lengths, max_len):`)``: findable in any notebook."""
-    label, code = source.cells[i] if i < len(source.cells) else (f"cell {i}", "")
-    lines = [line.strip() for line in code.splitlines() if line.strip()]
-    first = next((line for line in lines if not line.startswith("#")), lines[0] if lines else "")
+    label = source.cells[i][0] if i < len(source.cells) else f"cell {i}"
+    first = source.heads[i] if i < len(source.heads) else ""
     return f"{label} (`{first[:60]}`)" if first and len(source.cells) > 1 else label
 
 
@@ -292,6 +293,18 @@ class Grader:
         self.close()
 
     def grade_stage(self, submission: Path, stage: str) -> StageResult:
+        """Grade one stage; a fault of the grader itself costs this stage only, loudly."""
+        try:
+            return self._grade_stage(submission, stage)
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)  # for the TA: this is our bug, not the student's
+            message = (
+                f"the grader failed on this stage ({type(exc).__name__}: {str(exc)[:200]}). "
+                "This is a fault in the grader, not in your code: please tell your instructor."
+            )
+            return score_stage(self.plan(stage), None, None, [message], failure=message)
+
+    def _grade_stage(self, submission: Path, stage: str) -> StageResult:
         plan = self.plan(stage)
         path = find_stage_file(submission, stage)
         if path is None:

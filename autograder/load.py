@@ -10,6 +10,7 @@ skips its cell. Stored outputs and metadata are ignored; nbformat 3 is upgraded.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,12 @@ class Source:
     cells: list[tuple[str, str]]  # (label shown to the student, Python source)
     module_name: str
     notes: list[str] = field(default_factory=list)
+    heads: list[str] = field(default_factory=list)  # each cell's first line, as the student wrote it
+
+
+def _first_code_line(src: str) -> str:
+    lines = [line.strip() for line in src.split("\n") if line.strip()]
+    return next((line for line in lines if not line.startswith("#")), lines[0] if lines else "")
 
 
 def find_stage_file(submission: Path, stage: str) -> Path | None:
@@ -66,38 +73,58 @@ def _read_text(path: Path) -> str:
         ) from None
 
 
+def _text_of(source: object) -> str:
+    """A cell's source as text, whatever a damaged notebook holds there."""
+    if isinstance(source, str):
+        return source
+    if isinstance(source, list):
+        return "".join(s for s in source if isinstance(s, str))
+    return ""
+
+
+def _tags_of(cell: dict) -> list[str]:
+    meta = cell.get("metadata")
+    tags = meta.get("tags", []) if isinstance(meta, dict) else []
+    return [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []
+
+
 def _code_cells(text: str, name: str) -> list[tuple[str, list[str]]]:
-    """(source, tags) of each code cell, via nbformat; a damaged but readable JSON notebook
-    still gives its cells rather than nothing."""
+    """(source, tags) of each code cell.
+
+    Read as plain JSON and taken cell by cell, so a damaged but readable notebook still
+    gives its code; nbformat upgrades version 3 notebooks. (nbformat's full validation is
+    not used: it costs seconds on a large invalid file and changes nothing we read.)
+    """
     try:
-        nb = nbformat.reads(text, as_version=4)
-        return [
-            (c.source, list(c.get("metadata", {}).get("tags", []))) for c in nb.cells if c.cell_type == "code"
-        ]
-    except Exception as exc:
+        raw = json.loads(text.removeprefix("\ufeff"))
+    except RecursionError:
+        raise LoadError(f"{name} is not a Jupyter notebook: its JSON is nested too deeply") from None
+    except ValueError as err:
+        where = f" at line {err.lineno} column {err.colno}" if hasattr(err, "lineno") else ""
+        reason = getattr(err, "msg", str(err)[:200])
+        raise LoadError(
+            f"{name} is not a valid notebook: invalid JSON{where} ({reason}). Was it saved completely?"
+        ) from None
+    if isinstance(raw, dict) and raw.get("nbformat") == 3:
         try:
-            raw = json.loads(text)
-        except ValueError as err:
+            raw = nbformat.v4.upgrade(nbformat.from_dict(raw), from_version=3)
+        except Exception as exc:  # a damaged v3 notebook: say so, grade nothing
             raise LoadError(
-                f"{name} is not a valid notebook: invalid JSON at line {err.lineno} "
-                f"column {err.colno} ({err.msg}). Was it saved completely?"
+                f"{name} is an nbformat 3 notebook that cannot be upgraded ({type(exc).__name__})"
             ) from None
-        cells = raw.get("cells") if isinstance(raw, dict) else None
-        if not isinstance(cells, list):
-            raise LoadError(
-                f"{name} is not a Jupyter notebook ({type(exc).__name__}: {str(exc)[:200]})"
-            ) from None
-        out = []
-        for c in cells:
-            if isinstance(c, dict) and c.get("cell_type") == "code":
-                src = c.get("source", "")
-                src = "".join(s for s in src if isinstance(s, str)) if isinstance(src, list) else str(src)
-                tags = c.get("metadata", {}).get("tags", []) if isinstance(c.get("metadata"), dict) else []
-                out.append((src, [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []))
-        return out
+    cells = raw.get("cells") if isinstance(raw, dict) else None
+    if not isinstance(cells, list):
+        raise LoadError(f"{name} is not a Jupyter notebook: it has no list of cells")
+    return [
+        (_text_of(c.get("source", "")), _tags_of(c))
+        for c in cells
+        if isinstance(c, dict) and c.get("cell_type") == "code"
+    ]
 
 
 _transformer = None
+_MAGIC_LINE = re.compile(r"^\s*[%!]|\?\s*$", re.MULTILINE)
+WHOLE_CELL_MAGICS = 50  # IPython re-reads a cell once per magic: beyond this, line by line
 
 
 def _to_python(src: str) -> str:
@@ -108,7 +135,14 @@ def _to_python(src: str) -> str:
 
         _transformer = TransformerManager()
     try:
-        return _transformer.transform_cell(src)
+        if len(_MAGIC_LINE.findall(src)) <= WHOLE_CELL_MAGICS:
+            return _transformer.transform_cell(src)
+        return "".join(
+            _transformer.transform_cell(line if line.endswith("\n") else line + "\n")
+            if _MAGIC_LINE.search(line)
+            else line
+            for line in src.splitlines(keepends=True)
+        )
     except Exception:
         return src  # let the child report the SyntaxError with its line
 
@@ -119,7 +153,7 @@ def load_source(path: Path, stage: str) -> Source:
         return Source(path, [(name, _read_text(path))], module_name=stage)
     if path.suffix != ".ipynb":
         raise LoadError(f"{name} is neither a notebook (.ipynb) nor a Python file (.py)")
-    cells, notes = [], []
+    cells, notes, heads = [], [], []
     for n, (src, tags) in enumerate(_code_cells(_read_text(path), name), start=1):
         if SKIP_TAG in tags:
             continue
@@ -131,6 +165,7 @@ def load_source(path: Path, stage: str) -> Source:
                 continue
             src = src.lstrip().split("\n", 1)[1] if "\n" in src.lstrip() else ""
         cells.append((f"code cell {n}", _to_python(src)))
+        heads.append(_first_code_line(src))
     if not cells:
         notes.append(f"{name} has no code cells to run")
-    return Source(path, cells, module_name="__main__", notes=notes)
+    return Source(path, cells, module_name="__main__", notes=notes, heads=heads)

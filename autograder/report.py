@@ -19,7 +19,9 @@ from rich.table import Table
 
 from autograder.results import SubmissionResult
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+# C0 and C1 controls (terminal escapes among them) and lone surrogates, which cannot be
+# written as UTF-8; newline and tab stay.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def escape(text: str, limit: int = 4000) -> str:
@@ -68,11 +70,15 @@ def to_gradescope(result: SubmissionResult) -> dict[str, Any]:
 def write_results(result: SubmissionResult, path: Path) -> None:
     """Write atomically, so a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(to_gradescope(result), indent=2, ensure_ascii=False) + "\n"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(to_gradescope(result), f, indent=2, ensure_ascii=False)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def class_table(results: list[SubmissionResult]) -> Table:
