@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -15,6 +16,12 @@ app = typer.Typer(
 # Logs and CI are not terminals: rich would fall back to 80 columns and fold every row.
 console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
+
+
+def safe_name(student: str) -> str:
+    """A directory name that stays inside --results-dir, whatever the submission was called."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", student)[:100]
+    return name if name.strip(".") else "_" + name.replace(".", "_")
 
 
 def _stages_for(submission: Path, asked: list[str] | None) -> list[str]:
@@ -62,7 +69,7 @@ def grade(
         if s not in known:
             err.print(f"error: unknown stage {s!r}; known stages: {', '.join(known)}")
             raise typer.Exit(2)
-    names = [s.name if s.is_dir() else s.stem for s in submissions]
+    names = [safe_name(s.name if s.is_dir() else s.stem) for s in submissions]
     if len(set(names)) != len(names) and results_dir is not None:
         err.print("error: two submissions share a name; their results would overwrite each other")
         raise typer.Exit(2)
@@ -84,7 +91,7 @@ def grade(
             if results is not None:
                 write_results(r, results)
             if results_dir is not None:
-                write_results(r, results_dir / r.student / "results.json")
+                write_results(r, results_dir / safe_name(r.student) / "results.json")
     if len(graded) == 1:
         console.print(test_table(graded[0]))
         print_notes(console, graded[0])
@@ -166,5 +173,5 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:  # a grader fault: say so clearly and fail
-        err.print(f"bertlab: internal error: {type(exc).__name__}: {exc}")
+        err.print(f"bertlab: internal error: {type(exc).__name__}: {exc}", markup=False, highlight=False)
         sys.exit(1)

@@ -306,7 +306,10 @@ class Grader:
 
     def _grade_stage(self, submission: Path, stage: str) -> StageResult:
         plan = self.plan(stage)
-        path = find_stage_file(submission, stage)
+        try:
+            path = find_stage_file(submission, stage)
+        except LoadError as exc:
+            return score_stage(plan, None, None, [str(exc)], failure=str(exc))
         if path is None:
             return score_stage(
                 plan,

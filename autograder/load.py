@@ -41,7 +41,11 @@ def _first_code_line(src: str) -> str:
 
 
 def find_stage_file(submission: Path, stage: str) -> Path | None:
-    """``submission`` itself if it is a file, else the stage's file inside the directory."""
+    """``submission`` itself if it is a file, else the stage's file inside the directory.
+
+    Links are refused (here for a stage folder, in ``_read_text`` for the file): a
+    submission must not make the grader read the reference, a solution or another file.
+    """
     if submission.is_file() or submission.is_symlink():
         return submission
     for candidate in (
@@ -51,6 +55,8 @@ def find_stage_file(submission: Path, stage: str) -> Path | None:
         submission / stage / f"{stage}.py",
     ):
         if candidate.exists() or candidate.is_symlink():
+            if candidate.parent != submission and candidate.parent.is_symlink():
+                raise LoadError(f"{candidate.parent.name}/ is a symbolic link; submit the folder itself")
             return candidate
     return None
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from autograder.results import SubmissionResult
 
@@ -98,18 +99,19 @@ def class_table(results: list[SubmissionResult]) -> Table:
                     if first and first not in problems:
                         problems.append(first.split("\n")[0])
         pct = 100 * r.score / r.max_score if r.max_score else 0.0
-        table.add_row(
-            r.student,
+        table.add_row(  # Text, not markup: a student's "[/]" is shown, not parsed
+            Text(escape(r.student, 80)),
             f"{r.score:g} / {r.max_score:g}",
             f"{pct:.0f}",
             ", ".join(r.misconceptions) or "—",
-            escape(problems[0].split("; ")[0], 400) if problems else "—",  # one line; the file has all
+            Text(escape(problems[0].split("; ")[0], 400) if problems else "—"),  # one line; the file has all
         )
     return table
 
 
 def test_table(result: SubmissionResult) -> Table:
-    table = Table(title=f"{result.student}: {result.score:g} / {result.max_score:g}", title_justify="left")
+    title = Text(f"{escape(result.student, 80)}: {result.score:g} / {result.max_score:g}")
+    table = Table(title=title, title_justify="left")
     table.add_column("test")
     table.add_column("score", justify="right")
     table.add_column("message")
@@ -118,11 +120,11 @@ def test_table(result: SubmissionResult) -> Table:
             first = next((c for c in t.cases if not c.passed), None)
             msg = "passed" if first is None else f"{first.label}: {first.message}"
             style = "green" if t.passed else ("yellow" if t.score > 0 else "red")
-            table.add_row(t.name, f"[{style}]{t.score:g}/{t.max_score:g}[/{style}]", escape(msg, 300))
+            table.add_row(t.name, Text(f"{t.score:g}/{t.max_score:g}", style=style), Text(escape(msg, 300)))
     return table
 
 
 def print_notes(console: Console, result: SubmissionResult) -> None:
     for stage in result.stages:
         for n in stage.notes:
-            console.print(f"[dim]{stage.stage}: {escape(n, 300)}[/dim]", highlight=False, markup=False)
+            console.print(Text(f"{stage.stage}: {escape(n, 300)}", style="dim"), highlight=False)

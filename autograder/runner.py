@@ -10,7 +10,6 @@ and a fresh one resumes after it, so every other call is still made.
 from __future__ import annotations
 
 import base64
-import itertools
 import json
 import os
 import select
@@ -34,7 +33,6 @@ from autograder import sandbox, wire
 MAX_EVENT_BYTES = 512 << 20  # returned values travel here; a child that floods the pipe is cut off
 MAX_OUTPUT_FILE = 256 << 20
 MAX_STDOUT = 4000
-_job_ids = itertools.count()
 MAX_RESTARTS = 4  # plus two per graded name
 
 
@@ -219,11 +217,30 @@ class _Events:
         for line in lines:
             try:
                 ev = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # garbage, or nesting built to crash a parser
                 continue
-            if isinstance(ev, dict) and isinstance(ev.get("e"), str):
-                events.append(ev)
+            if isinstance(ev, dict) and isinstance(ev.get("e"), str) and type(ev.get("i", 0)) is int:
+                events.append(_clean(ev))
         return events
+
+
+def _clean(event: dict[str, Any]) -> dict[str, Any]:
+    """Keep only fields of the kinds the child is meant to send: text, numbers, a list of
+    texts (forbidden calls) and the description of returned values. Anything else a hostile
+    child sends is dropped, so nothing downstream meets a type it does not expect."""
+    out: dict[str, Any] = {}
+    for key, value in event.items():
+        if key == "outputs" and isinstance(value, list):
+            out[key] = value  # checked item by item in _load_outputs
+        elif key == "calls" and isinstance(value, list):
+            out[key] = [str(c)[:300] for c in value[:5] if isinstance(c, str)]
+        elif key in ("layers", "failed") and isinstance(value, list):
+            out[key] = [str(c)[:200] for c in value[:20] if isinstance(c, str)]
+        elif isinstance(value, str):
+            out[key] = value
+        elif type(value) in (int, float, bool):
+            out[key] = value
+    return out
 
 
 def _load_outputs(
@@ -268,11 +285,10 @@ def run_submission(
     restarts = 0
     max_restarts = MAX_RESTARTS + 2 * len({c.name for c in calls})
     stopped = f"not run: the submission used up its {limits.submission_s:g} s"
-    with tempfile.TemporaryDirectory(prefix="bertlab-job-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bertlab-job-") as tmp, sandbox.lease_uid() as uid:
         job = Path(tmp)
         (job / "work").mkdir()
         os.chmod(job, 0o711)  # the child's unprivileged uid may pass through to its work dir
-        uid = sandbox.job_uid(next(_job_ids))
         plan = {
             "module_name": module_name,
             "device": device,

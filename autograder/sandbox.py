@@ -14,6 +14,7 @@ Landlock                   child       reading the reference, specs, solutions, 
                                        process outside the sandbox (the grader)
 unprivileged per-job uid   child       everything root may do; lets the parent kill
                                        every process the job left behind, by uid
+seccomp                    child       connecting to unix socket files (D-Bus, X11, agents)
 scrubbed environment       both        secrets and tokens in the grader's environment
 
 Each layer is detected at start-up (``detect``) and reported by ``python -m autograder
@@ -23,12 +24,17 @@ external tool is needed: the layers are Linux system calls made through ctypes.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import os
 import resource
 import signal
 import sys
 import sysconfig
+import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +48,7 @@ CAP_DAC_READ_SEARCH = 2
 
 UID_BASE = 61000  # per-job uids: UID_BASE + job id % UID_SPAN, none of them a real user
 UID_SPAN = 2000
+LOCK_DIR = Path(tempfile.gettempdir()) / "bertlab-uids"
 
 # -- limits ------------------------------------------------------------------------------
 
@@ -143,6 +150,11 @@ def detect() -> Report:
             ),
             Layer("resource limits", True, "address space, CPU, file size, processes, open files"),
             Layer("no_new_privs", True, "set-uid programs gain nothing"),
+            Layer(
+                "seccomp: no unix sockets",
+                os.uname().machine == "x86_64",
+                "socket(AF_UNIX) refused: no D-Bus, X11 or agent sockets",
+            ),
             Layer("scrubbed environment", True, "children see only PATH, HOME, LANG and thread settings"),
         ]
     )
@@ -296,6 +308,44 @@ def _landlock(abi: int, work: Path) -> None:
         os.close(fd)
 
 
+class _SockFilter(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_uint16),
+        ("jt", ctypes.c_uint8),
+        ("jf", ctypes.c_uint8),
+        ("k", ctypes.c_uint32),
+    ]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _deny_unix_sockets() -> None:
+    """seccomp: socket(AF_UNIX, ...) fails with EACCES.
+
+    The network namespace does not cover socket *files* (D-Bus, X11, agents), and Landlock
+    (up to ABI 7) does not restrict connecting to them; no graded code needs one.
+    """
+    if os.uname().machine != "x86_64":
+        raise OSError(0, "the seccomp filter is written for x86_64 only")
+    ld, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_RET|K
+    allow, deny = 0x7FFF0000, 0x00050000 | 13  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EACCES
+    program = [
+        (ld, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 0, 5, 0xC000003E),  # AUDIT_ARCH_X86_64, else allow
+        (ld, 0, 0, 0),  # seccomp_data.nr
+        (jeq, 0, 3, 41),  # __NR_socket, else allow
+        (ld, 0, 0, 16),  # seccomp_data.args[0] (low word): the address family
+        (jeq, 0, 1, 1),  # AF_UNIX, else allow
+        (ret, 0, 0, deny),
+        (ret, 0, 0, allow),
+    ]
+    filters = (_SockFilter * len(program))(*[_SockFilter(*i) for i in program])
+    prog = _SockFprog(len(program), filters)
+    _check(_libc.prctl(22, 2, ctypes.byref(prog), 0, 0), "prctl(PR_SET_SECCOMP)")  # SECCOMP_MODE_FILTER
+
+
 class _CapHeader(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
@@ -364,6 +414,7 @@ def confine(work: Path, uid: int | None, budget: Budget) -> tuple[list[str], lis
             os.chown(work, uid, uid)
     attempt("resource limits", lambda: _set_limits(budget))
     attempt("no_new_privs", lambda: _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl"))
+    attempt("seccomp: no unix sockets", _deny_unix_sockets)
     abi = landlock_abi()
     landlocked = bool(abi) and attempt(f"landlock ABI {abi}", lambda: _landlock(abi, work))
     if root and uid is not None:
@@ -381,9 +432,36 @@ def confine(work: Path, uid: int | None, budget: Budget) -> tuple[list[str], lis
 # -- in the parent -------------------------------------------------------------------------
 
 
-def job_uid(job_id: int) -> int | None:
-    """The uid a job's child runs as, when the grader is root."""
-    return UID_BASE + job_id % UID_SPAN if os.geteuid() == 0 else None
+@contextlib.contextmanager
+def lease_uid() -> Iterator[int | None]:
+    """A uid no other job on this machine is using, held (flock) for the job's lifetime.
+
+    Graders running side by side (several TAs, ``pytest -n``, shards) must never share a
+    job uid: the parent kills every process of its job's uid when the job ends. A lock is
+    released by the kernel if its grader dies; a new holder first sweeps the uid.
+    Yields None when the grader is not root (children then keep the grader's uid).
+    """
+    if os.geteuid() != 0:
+        yield None
+        return
+    LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+    start = (os.getpid() * 7919 + threading.get_ident()) % UID_SPAN
+    for k in range(UID_SPAN):
+        uid = UID_BASE + (start + k) % UID_SPAN
+        fd = os.open(LOCK_DIR / str(uid), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            kill_uid(uid)  # whatever a crashed grader left under this uid
+            yield uid
+        finally:
+            kill_uid(uid)
+            os.close(fd)
+        return
+    raise RuntimeError(f"all {UID_SPAN} sandbox uids are in use")
 
 
 def kill_uid(uid: int) -> int:

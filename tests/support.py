@@ -53,9 +53,7 @@ def write_notebook(path: Path, cells: list, version: int = 4) -> Path:
         made = []
         for c in cells:
             kind, src = ("code", c) if isinstance(c, str) else c[:2]
-            made.append(
-                v3.new_code_cell(input=src) if kind == "code" else v3.new_text_cell("markdown", src)
-            )
+            made.append(v3.new_code_cell(input=src) if kind == "code" else v3.new_text_cell("markdown", src))
         nb = v3.new_notebook(worksheets=[v3.new_worksheet(cells=made)])
         path.write_text(v3.writes_json(nb))
         return path
@@ -126,9 +124,7 @@ def run_cli_many(commands: dict[str, list[str]], timeout: float = 300.0) -> dict
     import subprocess
 
     procs = {
-        name: subprocess.Popen(
-            **cli_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
+        name: subprocess.Popen(**cli_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         for name, args in commands.items()
     }
     done = {}

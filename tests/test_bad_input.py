@@ -180,9 +180,7 @@ def _run_all(root: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> dict:
-    return once_per_session(
-        tmp_path_factory, "bad_input", lambda: _run_all(tmp_path_factory.mktemp("bad"))
-    )
+    return once_per_session(tmp_path_factory, "bad_input", lambda: _run_all(tmp_path_factory.mktemp("bad")))
 
 
 def by_function(result: dict) -> dict[str, float]:
@@ -220,7 +218,10 @@ CASES = {
     "causal_mask_missing": ({**FULL, "causal_mask": 0}, "`causal_mask` is not defined"),
     "nbformat_v3": (FULL, None),
     "magics_and_shell": (FULL, "code cell 2 starts with %%bash: not Python, skipped when grading"),
-    "sys_exit_in_causal_mask": ({**FULL, "causal_mask": 0}, "called sys.exit() at 01_attention.py, line 25: sys.exit('bye'): a graded function must return its result"),
+    "sys_exit_in_causal_mask": (
+        {**FULL, "causal_mask": 0},
+        "called sys.exit() at 01_attention.py, line 25: sys.exit('bye'): a graded function must return its result",
+    ),
     "os_exit_in_padding_mask": (
         {**FULL, "padding_mask": 0},
         "stopped: the process exited with status 1",

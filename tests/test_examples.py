@@ -127,7 +127,10 @@ def test_syntax_error_is_reported_with_its_cell_and_the_rest_graded(graded):
     student = "judy_syntax_error"
     notes = _stage(graded, student)["notes"]
     assert any("code cell 9" in n and "'(' was never closed" in n for n in notes), notes
-    assert "code cell 9 (`def padding_mask(lengths: Tensor, max_len: int) -> Tensor:`) raised SyntaxError: '(' was never closed at code cell 9, line 8" in graded[student]["gradescope"]["output"]
+    assert (
+        "code cell 9 (`def padding_mask(lengths: Tensor, max_len: int) -> Tensor:`) raised SyntaxError: '(' was never closed at code cell 9, line 8"
+        in graded[student]["gradescope"]["output"]
+    )
     for t in _tests(graded, student, PADDING):
         assert t["score"] == 0 and "`padding_mask` is not defined" in t["output"]
 

@@ -17,7 +17,10 @@ from tests.support import ROOT, write_py
 
 STAGE = "01_attention"
 LAYERS = {layer.name: layer.active for layer in detect().layers}
-needs = {name: pytest.mark.skipif(not active, reason=f"this machine has no {name}") for name, active in LAYERS.items()}
+needs = {
+    name: pytest.mark.skipif(not active, reason=f"this machine has no {name}")
+    for name, active in LAYERS.items()
+}
 
 HONEST = (ROOT / "examples" / "class" / "ada_correct_matmul" / f"{STAGE}.py").read_text()
 
@@ -25,7 +28,10 @@ HONEST = (ROOT / "examples" / "class" / "ada_correct_matmul" / f"{STAGE}.py").re
 def probe(body: str) -> str:
     """An honest submission whose causal_mask first runs ``body`` (which prints findings)."""
     indented = "\n".join("    " + line for line in body.strip().splitlines())
-    return HONEST + f"\n\n_honest_causal_mask = causal_mask\n\ndef causal_mask(L):\n{indented}\n    return _honest_causal_mask(L)\n"
+    return (
+        HONEST
+        + f"\n\n_honest_causal_mask = causal_mask\n\ndef causal_mask(L):\n{indented}\n    return _honest_causal_mask(L)\n"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +108,14 @@ open("scratch.txt", "w").write("the work dir is writable")
     with Grader(limits=Limits(call_s=5.0)) as g:
         result = g.grade(sub, [STAGE])
     listener.close()
-    yield {"result": result, "stdout": result.stages[0].stdout, "connections": connections, "root": root,
-           "protected": protected, "results": results}
+    yield {
+        "result": result,
+        "stdout": result.stages[0].stdout,
+        "connections": connections,
+        "root": root,
+        "protected": protected,
+        "results": results,
+    }
     os.environ.pop("BERTLAB_TEST_CANARY", None)
 
 
@@ -113,11 +125,32 @@ def test_the_probe_itself_is_graded_normally(graded):
 
 
 @needs["landlock"]
-@pytest.mark.parametrize("what", ["reference", "stage spec", "solution", "toy reference", "results file",
-                                  "other student", "repository file", "/etc/shadow", "root's home"])
+@pytest.mark.parametrize(
+    "what",
+    [
+        "reference",
+        "stage spec",
+        "solution",
+        "toy reference",
+        "results file",
+        "other student",
+        "repository file",
+        "/etc/shadow",
+        "root's home",
+    ],
+)
 def test_protected_paths_are_neither_readable_nor_writable(graded, what):
-    index = ["reference", "stage spec", "solution", "toy reference", "results file", "other student",
-             "repository file", "/etc/shadow", "root's home"].index(what)
+    index = [
+        "reference",
+        "stage spec",
+        "solution",
+        "toy reference",
+        "results file",
+        "other student",
+        "repository file",
+        "/etc/shadow",
+        "root's home",
+    ].index(what)
     path = str(graded["protected"][index])
     assert f"READABLE {path}\n" not in graded["stdout"]
     assert f"WRITABLE {path}\n" not in graded["stdout"]
@@ -149,8 +182,13 @@ def test_child_runs_unprivileged(graded):
 
 
 def test_doctor_reports_every_layer():
-    proc = subprocess.run([sys.executable, "-m", "autograder", "doctor"], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "COLUMNS": "200"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "autograder", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert proc.returncode == 0, proc.stderr
     for name in LAYERS:
         assert name in proc.stdout

@@ -98,7 +98,9 @@ def _execute(path):
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, kernel_name="python3", timeout=300, resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(
+        nb, kernel_name="python3", timeout=300, resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
     return nb
 
 
@@ -122,8 +124,10 @@ def test_notebooks_run_in_a_kernel_and_self_checks_report(stage):
     assert not [t for t in solved if t.startswith("ERROR")], solved
     reports = [t for t in solved if "public cases pass" in t]
     assert len(reports) == len(SPECS[stage].graded)
-    assert all(t.split(":", 1)[1].split()[0].split("/")[0] == t.split(":", 1)[1].split()[0].split("/")[1]
-               for t in reports), reports
+    assert all(
+        t.split(":", 1)[1].split()[0].split("/")[0] == t.split(":", 1)[1].split()[0].split("/")[1]
+        for t in reports
+    ), reports
     fresh = _texts(_execute(ROOT / "assignments" / stage / f"{stage}.ipynb"))
     assert not [t for t in fresh if t.startswith("ERROR")], fresh
     assert any("not implemented yet" in t for t in fresh)
