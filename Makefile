@@ -14,9 +14,10 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
-# Grade the bundled example class: one row per student, one results file each.
+# Grade the bundled example class (each student on the stages it handed in):
+# one row per student, one results file each.
 demo: $(STAMP)
-	$(BIN)/python -m autograder grade examples/class/*/ --stage 01_attention --results-dir build/demo
+	$(BIN)/python -m autograder grade examples/class/*/ --results-dir build/demo
 
 test: $(STAMP)
 	$(BIN)/ruff check .

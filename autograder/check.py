@@ -33,7 +33,7 @@ class Expectation:
     name: str
     signature: str
     outputs: tuple[str, ...]
-    returns: str  # tensor | ndarray | scalar
+    returns: str | Sequence[str]  # tensor | ndarray | scalar, for all outputs or one per output
     values: Sequence[Tensor]  # expected, one per output
     regions: Sequence[Tensor | None]
     tolerance: Tolerance
@@ -95,13 +95,14 @@ def check_case(
     problems: list[str] = []
     errors: list[float] = []
     got: list[Tensor | None] = []
-    for out_name, (kind, tensor, facts), want, region in zip(
-        exp.outputs, items, exp.values, exp.regions, strict=True
+    kinds = [exp.returns] * len(exp.outputs) if isinstance(exp.returns, str) else list(exp.returns)
+    for out_name, expected_kind, (kind, tensor, facts), want, region in zip(
+        exp.outputs, kinds, items, exp.values, exp.regions, strict=True
     ):
         prefix = f"`{out_name}`: " if len(exp.outputs) > 1 else ""
-        if kind != exp.returns:
+        if kind != expected_kind:
             what = returned_what(kind, facts)
-            problems.append(f"{prefix}returned {what}; expected {KIND_NAMES[exp.returns]}")
+            problems.append(f"{prefix}returned {what}; expected {KIND_NAMES[expected_kind]}")
             got.append(None)
             continue
         got.append(tensor)

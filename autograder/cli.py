@@ -32,6 +32,17 @@ def _stages_for(submission: Path, asked: list[str] | None) -> list[str]:
         return asked
     if submission.is_file() and submission.stem in known:
         return [submission.stem]
+    if submission.is_dir():  # the stages handed in; a submission holding none scores 0 on all
+        from autograder.load import LoadError, find_stage_file
+
+        held = []
+        for s in known:
+            try:
+                if find_stage_file(submission, s) is not None:
+                    held.append(s)
+            except LoadError:
+                held.append(s)  # graded, so the student reads why it cannot be
+        return held or known
     return known
 
 
@@ -42,7 +53,12 @@ def grade(
         typer.Argument(help="Directories holding NN_stage.ipynb/.py files, or such files."),
     ],
     stage: Annotated[
-        list[str] | None, typer.Option("--stage", "-s", help="Stage id(s) to grade; default: all.")
+        list[str] | None,
+        typer.Option(
+            "--stage",
+            "-s",
+            help="Stage id(s) to grade (a missing file scores 0); default: the stages each submission holds.",
+        ),
     ] = None,
     results: Annotated[Path | None, typer.Option(help="results.json to write (one submission).")] = None,
     results_dir: Annotated[

@@ -24,6 +24,7 @@ from torch import Tensor
 from autograder.check import Expectation, check_case, failure_message
 from autograder.harness import invoke, split_outputs
 from autograder.load import LoadError, Source, find_stage_file, load_source
+from autograder.parts import Cells
 from autograder.results import CaseResult, StageResult, SubmissionResult, TestResult
 from autograder.runner import (
     CallOutcome,
@@ -61,9 +62,17 @@ def _on(value: Any, device: str) -> Any:
     return value
 
 
-def run_trusted(fn: Any, graded: Graded, data: CaseData, device: str) -> list[Tensor]:
-    """Outputs of the reference (or a variant) on one case, as CPU tensors."""
-    result = invoke(fn, graded.kind, _on(_data_dict(data), device), device)
+def run_trusted(
+    fn: Any, graded: Graded, data: CaseData, device: str, spec: StageSpec | None = None
+) -> list[Tensor]:
+    """Outputs of the reference (or a variant) on one case, as CPU tensors. A driver runs
+    on the stage's reference names, with ``fn`` in place of the graded name."""
+    namespace = None
+    if graded.kind == "driver":
+        if spec is None:
+            raise ValueError(f"{graded.name}: a driver needs the stage's reference names")
+        namespace = {g.name: g.reference for g in spec.graded} | {graded.name: fn}
+    result = invoke(fn, graded.kind, _on(_data_dict(data), device), device, namespace, graded.driver)
     outs = []
     for item in split_outputs(result, graded.outputs):
         if isinstance(item, Tensor):
@@ -106,14 +115,14 @@ class StagePlan:
                     continue
                 for case in test.cases:
                     data = build_case(spec, graded, test, case)
-                    expected = run_trusted(graded.reference, graded, data, device)
+                    expected = run_trusted(graded.reference, graded, data, device, spec)
                     variants = []
                     for variant in graded.variants:
                         try:
                             variants.append(
                                 (
                                     variant.misconception,
-                                    run_trusted(variant.fn, graded, data, device),
+                                    run_trusted(variant.fn, graded, data, device, spec),
                                 )
                             )
                         except ValueError:  # a variant that does not apply to this case
@@ -126,10 +135,14 @@ class StagePlan:
                         name=graded.name,
                         signature=graded.signature,
                         outputs=graded.outputs,
-                        returns=graded.returns,
+                        returns=graded.returns_per_output(),
                         values=expected,
                         regions=[None if r is None else r.cpu() for r in regions],
-                        tolerance=tolerance_for(test.dtype, device),
+                        tolerance=(
+                            graded.tolerance(data, test.dtype, device)
+                            if graded.tolerance
+                            else tolerance_for(test.dtype, device)
+                        ),
                         device=device if graded.check_device and has_tensor else None,
                         variants=variants,
                     )
@@ -145,6 +158,7 @@ class StagePlan:
                 pc.graded.outputs,
                 pc.graded.forbidden,
                 skeletons[pc.index],
+                pc.graded.driver,
             )
             for pc in cases
         ]
@@ -328,6 +342,7 @@ class Grader:
             cell_s=self.limits.cell_s,
             submission_s=self.limits.submission_s,
         )
+        parts, part_notes = self._parts(submission, path, plan.spec)
         report = run_submission(
             self.server,
             source.cells,
@@ -336,15 +351,38 @@ class Grader:
             plan.inputs_file,
             self.device,
             spec_limits,
+            parts,
         )
         return score_stage(
             plan,
             shown,
             report.calls,
-            _cell_notes(source, report),
+            part_notes + _cell_notes(source, report),
             stdout=report.stdout,
             lost=_lost_names(plan.spec, source, report),
         )
+
+    def _parts(self, submission: Path, path: Path, spec: StageSpec) -> tuple[dict[str, Cells], list[str]]:
+        """The submission's own files of the stages ``spec`` builds on (and theirs, in turn)."""
+        folder = submission if submission.is_dir() else path.parent
+        parts: dict[str, Cells] = {}
+        notes: list[str] = []
+        todo = list(spec.uses)
+        while todo:
+            stage = todo.pop(0)
+            if stage in parts:
+                continue
+            try:
+                dep = find_stage_file(folder, stage) if folder.is_dir() else None
+                if dep is None or dep == path:
+                    notes.append(f"this stage uses your {stage}, which is not in the submission")
+                    continue
+                parts[stage] = load_source(dep, stage).cells
+            except LoadError as exc:
+                notes.append(f"this stage uses your {stage}, which cannot be read: {exc}")
+                continue
+            todo += load_spec(stage).uses
+        return parts, notes
 
     def grade(self, submission: Path, stages: list[str], student: str | None = None) -> SubmissionResult:
         # Start-up is per run, not per student: the server's warm-up and the expected values
@@ -354,5 +392,38 @@ class Grader:
             self.plan(s)
         t0 = time.monotonic()
         results = [self.grade_stage(submission, s) for s in stages]
+        self._blame_earlier_stages(submission, results)
         name = student or (submission.name if submission.is_dir() else submission.stem)
         return SubmissionResult(name, results, time.monotonic() - t0)
+
+    def _blame_earlier_stages(self, submission: Path, results: list[StageResult]) -> None:
+        """A stage that runs the student's earlier stages and loses points says which of
+        those lose points too: their mistakes may be what fails here. An earlier stage not
+        asked for is graded for this purpose only (failing submissions pay for it)."""
+        by_stage = {r.stage: r for r in results}
+        for r in results:
+            if r.score >= r.max_score:
+                continue
+            uses, todo = [], list(load_spec(r.stage).uses)
+            while todo:
+                dep = todo.pop(0)
+                if dep not in uses:
+                    uses.append(dep)
+                    todo += load_spec(dep).uses
+            failing = []
+            for dep in sorted(uses):
+                if dep not in by_stage:
+                    by_stage[dep] = self.grade_stage(submission, dep)
+                d = by_stage[dep]
+                if d.file is not None and d.score < d.max_score:
+                    failing.append(f"{dep} ({d.score:g}/{d.max_score:g})")
+            if failing:
+                note = (
+                    f"{r.stage} runs your own {', '.join(failing)}, which also lose"
+                    f"{'s' if len(failing) == 1 else ''} points: fix "
+                    f"{'it' if len(failing) == 1 else 'those'} first, the failures here may come from there."
+                )
+                r.notes.insert(0, note)
+                for t in r.tests:
+                    if t.score < t.max_score:
+                        t.output += "\n" + note

@@ -109,11 +109,25 @@ class NotAModule(TypeError):
     pass
 
 
-def invoke(obj: Any, kind: str, data: dict[str, Any], device: str) -> Any:
-    """Call a graded function, or build, load and run a graded module, on ``data``."""
+def invoke(
+    obj: Any,
+    kind: str,
+    data: dict[str, Any],
+    device: str,
+    namespace: dict[str, Any] | None = None,
+    driver: str | None = None,
+) -> Any:
+    """Call a graded function, build, load and run a graded module, or run the graded
+    name's driver (``autograder.drivers``) on ``namespace``, on ``data``."""
     args, kwargs = data.get("args", ()), data.get("kwargs", {})
     if kind == "function":
         return obj(*args, **kwargs)
+    if kind == "driver":
+        from autograder.drivers import resolve
+
+        if driver is None or namespace is None:
+            raise ValueError("a driver call needs the driver and a namespace")
+        return resolve(driver)(namespace, data, device)
     if not (isinstance(obj, type) and issubclass(obj, torch.nn.Module)):
         raise NotAModule(f"is a {type(obj).__name__}, not an nn.Module class")
     module = obj(*data.get("init_args", ()), **data.get("init_kwargs", {}))
@@ -201,6 +215,7 @@ def run_call(
     outputs: tuple[str, ...] | list[str],
     forbidden: tuple[str, ...] | list[str],
     device: str,
+    driver: str | None = None,
 ) -> tuple[str, dict[str, Any], list[tuple[str, torch.Tensor | None, dict[str, str]]]]:
     """Call ``namespace[name]`` on ``data``: (status, info, returned items as plain tensors).
 
@@ -217,7 +232,7 @@ def run_call(
     result: Any = None
     try:
         with detector:
-            result = invoke(obj, kind, data, device)
+            result = invoke(obj, kind, data, device, namespace, driver)
     except NotImplementedError as exc:
         error = "not_implemented", _describe(exc)
     except NotAModule as exc:

@@ -57,8 +57,9 @@ def build(spec: StageSpec) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
             "task": g.task,
             "signature": g.signature,
             "outputs": list(g.outputs),
-            "returns": g.returns,
+            "returns": list(g.returns_per_output()),
             "kind": g.kind,
+            "driver": g.driver,
             "forbidden": list(g.forbidden),
             "hidden_groups": [t.group for t in g.tests if t.hidden],
         }

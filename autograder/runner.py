@@ -53,6 +53,7 @@ class Planned:
     outputs: tuple[str, ...]
     forbidden: tuple[str, ...]
     data: dict[str, Any]  # wire skeletons of args/kwargs/init/state
+    driver: str | None = None
 
 
 @dataclass
@@ -273,8 +274,10 @@ def run_submission(
     inputs: bytes,
     device: str,
     limits: Limits,
+    parts: dict[str, list[tuple[str, str]]] | None = None,
 ) -> RunReport:
-    """Run one submission's code and calls in children; return what they produced."""
+    """Run one submission's code and calls in children; return what they produced.
+    ``parts``: the same submission's earlier stages this one loads (``autograder.parts``)."""
     t0 = time.monotonic()
     outcomes: dict[int, CallOutcome] = {}
     cell_errors: dict[int, dict[str, str]] = {}
@@ -301,9 +304,11 @@ def run_submission(
                     "outputs": list(c.outputs),
                     "forbidden": list(c.forbidden),
                     "data": c.data,
+                    "driver": c.driver,
                 }
                 for c in calls
             ],
+            "parts": parts or {},
         }
         (job / "plan.json").write_text(json.dumps(plan))
         (job / "inputs.safetensors").write_bytes(inputs)

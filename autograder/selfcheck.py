@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import json
+import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -123,6 +124,15 @@ class Report:
         )
 
 
+def _home(fn: Any) -> dict[str, Any]:
+    """The namespace ``fn`` was defined in (the notebook's, in a kernel)."""
+    found = getattr(fn, "__globals__", None)
+    if found is None:
+        module = sys.modules.get(getattr(fn, "__module__", "") or "")
+        found = vars(module) if module is not None else {}
+    return dict(found)
+
+
 def check(
     fn: Any,
     name: str | None = None,
@@ -137,6 +147,9 @@ def check(
     if name not in meta["graded"]:
         raise KeyError(f"{name!r} is not graded in {meta['stage']}: one of {', '.join(meta['graded'])}")
     g = meta["graded"][name]
+    # A driver may call other names of the notebook (a backward pass calls your forward):
+    # they are looked up where ``fn`` was defined, as the grader finds them in your notebook.
+    namespace = {**_home(fn), name: fn}
     groups: dict[str, list[CaseResult]] = {}
     for case in meta["cases"]:
         if case["name"] != name:
@@ -144,7 +157,7 @@ def check(
         i = case["index"]
         call_data = {k: wire.decode(v, tensors, device) for k, v in case["data"].items()}
         status, info, items = run_call(
-            {name: fn}, name, g["kind"], call_data, g["outputs"], g["forbidden"], device
+            namespace, name, g["kind"], call_data, g["outputs"], g["forbidden"], device, g.get("driver")
         )
         n_out = len(g["outputs"])
         regions = [tensors.get(f"r{i}.{k}") if case["regions"][k] else None for k in range(n_out)]
@@ -155,7 +168,7 @@ def check(
             name=name,
             signature=g["signature"],
             outputs=tuple(g["outputs"]),
-            returns=g["returns"],
+            returns=tuple(g["returns"]) if isinstance(g["returns"], list) else g["returns"],
             values=[tensors[f"e{i}.{k}"] for k in range(n_out)],
             regions=regions,
             tolerance=Tolerance(case["rtol"], case["atol"]),

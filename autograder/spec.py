@@ -65,6 +65,7 @@ class CaseData:
 
 
 Builder = Callable[[torch.Generator, torch.dtype], CaseData]
+ReturnKind = Literal["tensor", "ndarray", "scalar"]
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,9 @@ class Graded:
     outputs: tuple[str, ...]
     reference: Callable[..., Any]
     tests: tuple[Test, ...]
-    kind: Literal["function", "module"] = "function"
-    returns: Literal["tensor", "ndarray", "scalar"] = "tensor"
+    kind: Literal["function", "module", "driver"] = "function"
+    # One kind for every output, or one per output: ("scalar", "ndarray", "ndarray").
+    returns: ReturnKind | tuple[ReturnKind, ...] = "tensor"
     forbidden: tuple[str, ...] = ()  # fnmatch patterns of aten op names, e.g. "aten::_softmax"
     variants: tuple[Variant, ...] = ()
     # Which elements of each output are graded (None = all); e.g. rows of attention in
@@ -116,6 +118,19 @@ class Graded:
     graded_region: Callable[[CaseData], tuple[Tensor | None, ...]] | None = None
     # Outputs must be on the inputs' device; off for names that take no tensor.
     check_device: bool = True
+    # kind="driver": "module:function" in autograder/drivers/, a small program that
+    # exercises the graded name (and others of the student's namespace) when one call
+    # cannot: a backward pass on the student's own forward cache, state updated in place,
+    # build-load-run. See autograder/drivers/__init__.py.
+    driver: str | None = None
+    # A tolerance that depends on the case (e.g. on the size of an angle) instead of the
+    # dtype's default: (case data, dtype, device) -> Tolerance.
+    tolerance: Callable[[CaseData, torch.dtype, str], Tolerance] | None = None
+
+    def returns_per_output(self) -> tuple[str, ...]:
+        if isinstance(self.returns, str):
+            return (self.returns,) * len(self.outputs)
+        return tuple(self.returns)
 
     @property
     def max_score(self) -> float:
@@ -129,6 +144,10 @@ class StageSpec:
     graded: tuple[Graded, ...]
     misconceptions: Mapping[str, str]  # id -> hint shown to the student
     call_timeout_s: float = 5.0  # per call of a graded name; cases take milliseconds
+    # Earlier stages whose student code this one runs (``autograder.parts.load_stage``):
+    # the grader hands the same submission's files to the child and, when this stage
+    # fails, says which of them fail too.
+    uses: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         names = [g.name for g in self.graded]
@@ -138,6 +157,10 @@ class StageSpec:
             for v in g.variants:
                 if v.misconception not in self.misconceptions:
                     raise ValueError(f"{self.id}.{g.name}: unknown misconception {v.misconception}")
+            if (g.kind == "driver") != (g.driver is not None):
+                raise ValueError(f"{self.id}.{g.name}: kind='driver' and driver= go together")
+            if not isinstance(g.returns, str) and len(g.returns) != len(g.outputs):
+                raise ValueError(f"{self.id}.{g.name}: one `returns` kind per output")
             groups = [t.group for t in g.tests]
             if len(set(groups)) != len(groups):
                 raise ValueError(f"{self.id}.{g.name}: test groups repeat: {groups}")

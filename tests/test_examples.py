@@ -1,5 +1,7 @@
-"""The example class (examples/class/): every student gets the score and the named
-mistakes its README promises. The class is graded once per session with one Grader."""
+"""The example class (examples/class/): every student gets, on every stage it is listed
+for in examples/expected/<stage>.json, the score, the named mistakes and the graded names
+losing points promised there. The class is graded once per session with one Grader.
+Stage-specific behaviours (a hang, a syntax error, a forbidden call) are checked below."""
 
 from __future__ import annotations
 
@@ -11,36 +13,29 @@ import pytest
 from autograder.report import to_gradescope
 from tests.support import ROOT, assert_gradescope_results, once_per_session
 
-pytestmark = pytest.mark.stage01
-STAGE = "01_attention"
 CLASS = ROOT / "examples" / "class"
+EXPECTED_DIR = ROOT / "examples" / "expected"
 
 SOFTMAX, ATTENTION = "softmax", "scaled_dot_product_attention"
 PADDING, CAUSAL = "padding_mask", "causal_mask"
 MASKS = {PADDING, CAUSAL}
-ALL = {SOFTMAX, ATTENTION, PADDING, CAUSAL}
 
-# student -> (score, misconception ids named anywhere, graded names that lose points)
-EXPECTED: dict[str, tuple[float, set[str], set[str]]] = {
-    "ada_correct_matmul": (17, set(), set()),
-    "grace_correct_einsum": (17, set(), set()),
-    "bob_missing_scale": (8, {"missing-scale"}, {ATTENTION}),
-    "carol_scale_by_d": (8, {"scale-by-d"}, {ATTENTION}),
-    "dan_softmax_ignores_dim": (15.5, {"softmax-wrong-dim"}, {SOFTMAX}),
-    "olga_attention_softmax_over_queries": (8, {"softmax-wrong-dim"}, {ATTENTION}),
-    "erin_mask_inverted_in_attention": (12, {"mask-inverted"}, {ATTENTION}),
-    "faye_mask_true_means_padding": (8, {"mask-inverted"}, {ATTENTION} | MASKS),
-    "gus_unstable_softmax": (14, {"unstable-softmax"}, {SOFTMAX, ATTENTION}),
-    "hana_weights_transposed": (8, {"weights-transposed"}, {ATTENTION}),
-    "ivan_forbidden_torch_softmax": (13, set(), {SOFTMAX}),
-    "judy_syntax_error": (15, set(), {PADDING}),
-    "ken_untouched_template": (0, set(), ALL),
-    "leo_infinite_loop": (15, set(), {CAUSAL}),
-    "mia_padding_mask_2d": (15, set(), {PADDING}),
-    "noah_partial": (13, set(), MASKS),
-}
-# Students whose every lost point is one known mistake: each failing test names it.
-ONE_MISTAKE = {s: ids for s, (_, ids, _) in EXPECTED.items() if len(ids) == 1}
+
+def _promises() -> dict[tuple[str, str], tuple[float, set[str], set[str]]]:
+    """(student, stage) -> (score, misconception ids named anywhere, names losing points)."""
+    out = {}
+    for path in sorted(EXPECTED_DIR.glob("*.json")):
+        data = json.loads(path.read_text())
+        assert data["stage"] == path.stem, path
+        for student, p in data["students"].items():
+            out[(student, data["stage"])] = (p["score"], set(p["misconceptions"]), set(p["losing"]))
+    return out
+
+
+EXPECTED = _promises()
+CASES = sorted(EXPECTED)
+# Students whose every lost point on a stage is one known mistake: each failing test names it.
+ONE_MISTAKE = {key: ids for key, (_, ids, _) in EXPECTED.items() if len(ids) == 1}
 
 
 def _grade_class() -> dict[str, dict]:
@@ -49,9 +44,9 @@ def _grade_class() -> dict[str, dict]:
 
     out = {}
     with Grader(limits=Limits(call_s=2.0)) as grader:
-        for sub in sorted(p for p in CLASS.iterdir() if p.is_dir()):
-            r = grader.grade(sub, [STAGE])
-            out[r.student] = {
+        for student, stage in CASES:
+            r = grader.grade(CLASS / student, [stage])
+            out[f"{student}/{stage}"] = {
                 **dataclasses.asdict(r),
                 "score": r.score,
                 "gradescope": to_gradescope(r),
@@ -64,41 +59,58 @@ def graded(tmp_path_factory) -> dict[str, dict]:
     return once_per_session(tmp_path_factory, "example_class", _grade_class)
 
 
-def _stage(graded: dict, student: str) -> dict:
-    (stage,) = graded[student]["stages"]
-    return stage
+def _result(graded: dict, student: str, stage: str = "01_attention") -> dict:
+    return graded[f"{student}/{stage}"]
 
 
-def _tests(graded: dict, student: str, function: str | None = None) -> list[dict]:
-    return [t for t in _stage(graded, student)["tests"] if function in (None, t["function"])]
+def _stage(graded: dict, student: str, stage: str = "01_attention") -> dict:
+    (result,) = _result(graded, student, stage)["stages"]
+    return result
 
 
-def test_the_table_covers_the_whole_class():
+def _tests(
+    graded: dict, student: str, function: str | None = None, stage: str = "01_attention"
+) -> list[dict]:
+    return [t for t in _stage(graded, student, stage)["tests"] if function in (None, t["function"])]
+
+
+def test_the_promises_cover_the_whole_class():
     on_disk = {p.name for p in CLASS.iterdir() if p.is_dir()}
-    assert on_disk == set(EXPECTED)
+    promised = {student for student, _ in EXPECTED}
+    assert on_disk == promised
     # `make demo` grades examples/class/*/: nothing but the README may sit beside the students
     assert {p.name for p in CLASS.iterdir() if not p.is_dir()} == {"README.md"}
     readme = (CLASS / "README.md").read_text()
-    for student in EXPECTED:
+    for student in promised:
         assert f"`{student}`" in readme, f"{student} is missing from examples/class/README.md"
+    for student, stage in EXPECTED:
+        files = {p.name for p in (CLASS / student).iterdir()}
+        assert files & {f"{stage}.py", f"{stage}.ipynb"}, f"{student} has no {stage} file"
+    # every stage file a student holds is promised something (or used by a stage that is)
+    for student in promised:
+        for path in (CLASS / student).iterdir():
+            assert path.suffix in (".py", ".ipynb"), path
 
 
-@pytest.mark.parametrize("student", sorted(EXPECTED))
-def test_score_and_named_mistakes(graded, student):
-    score, ids, losing = EXPECTED[student]
-    r = graded[student]
-    tags = {m for t in _tests(graded, student) for m in t["misconceptions"]}
-    lost = {t["function"] for t in _tests(graded, student) if t["score"] < t["max_score"]}
-    assert (r["score"], tags, lost) == (score, ids, losing)
+@pytest.mark.parametrize("student,stage", CASES, ids=[f"{a}/{b}" for a, b in CASES])
+def test_score_and_named_mistakes(graded, student, stage):
+    score, ids, losing = EXPECTED[(student, stage)]
+    r = _result(graded, student, stage)
+    tests = _tests(graded, student, stage=stage)
+    tags = {m for t in tests for m in t["misconceptions"]}
+    lost = {t["function"] for t in tests if t["score"] < t["max_score"]}
+    assert (r["score"], tags, lost) == (score, ids, losing), _stage(graded, student, stage)["notes"]
     assert_gradescope_results(r["gradescope"])
     gs_tags = {x for t in r["gradescope"]["tests"] for x in t["tags"] if x.startswith("misconception:")}
     assert gs_tags == {f"misconception:{i}" for i in ids}
 
 
-@pytest.mark.parametrize("student", sorted(ONE_MISTAKE))
-def test_every_failing_test_names_the_mistake(graded, student):
-    (mid,) = ONE_MISTAKE[student]
-    for t in _tests(graded, student):
+@pytest.mark.parametrize(
+    "student,stage", sorted(ONE_MISTAKE), ids=[f"{a}/{b}" for a, b in sorted(ONE_MISTAKE)]
+)
+def test_every_failing_test_names_the_mistake(graded, student, stage):
+    (mid,) = ONE_MISTAKE[(student, stage)]
+    for t in _tests(graded, student, stage=stage):
         if t["score"] < t["max_score"]:
             assert t["misconceptions"] == [mid], t["output"]
             assert f"likely mistake [{mid}]" in t["output"]
@@ -129,7 +141,7 @@ def test_syntax_error_is_reported_with_its_cell_and_the_rest_graded(graded):
     assert any("code cell 9" in n and "'(' was never closed" in n for n in notes), notes
     assert (
         "code cell 9 (`def padding_mask(lengths: Tensor, max_len: int) -> Tensor:`) raised SyntaxError: '(' was never closed at code cell 9, line 8"
-        in graded[student]["gradescope"]["output"]
+        in _result(graded, student)["gradescope"]["output"]
     )
     for t in _tests(graded, student, PADDING):
         assert t["score"] == 0 and "`padding_mask` is not defined" in t["output"]
@@ -145,7 +157,7 @@ def test_hanging_function_loses_only_its_points(graded):
     assert first["message"].startswith("causal_mask did not finish within 2 s (an infinite loop"), first
     assert all("did not finish" in c["message"] for t in hung for c in t["cases"])
     # one call hangs to its limit; the other calls of the name are not made
-    assert graded[student]["execution_time"] < 2.0 + 8.0
+    assert _result(graded, student)["execution_time"] < 2.0 + 8.0
 
 
 def test_untouched_template_says_not_implemented_everywhere(graded):

@@ -1,0 +1,50 @@
+"""Drivers: small programs that exercise a graded name when one call cannot grade it.
+
+A graded name with ``kind="driver"`` and ``driver="normalization:batchnorm_steps"`` is
+graded by ``autograder.drivers.normalization.batchnorm_steps(ns, data, device)``:
+
+- ``ns`` maps names to objects. In the grading child and the self-check it is the
+  student's namespace; in the parent it is the stage's reference names, with a
+  misconception variant in place of the graded name when variants are computed. So the
+  same driver produces the student's outputs, the expected outputs and the variants'.
+- ``data`` is the decoded case: ``args``, ``kwargs``, ``init_args``, ``init_kwargs``,
+  ``state``.
+- it returns the graded name's outputs (a tuple when there are several).
+
+Drivers run where student code runs, and they ship to students with the self-check, so
+they hold no solution and no secret: only the protocol of calling the student's code
+(e.g. run several train steps, then eval, and return the running statistics after each;
+or call the student's own forward and feed its cache to the student's backward).
+Driver modules are imported by the fork server before any child is confined, so they
+must not do work at import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from typing import Any
+
+Driver = Callable[[dict[str, Any], dict[str, Any], str], Any]
+
+
+def resolve(path: str) -> Driver:
+    """``"module:function"`` -> the driver function in ``autograder.drivers.module``."""
+    module, _, function = path.partition(":")
+    if not module.isidentifier() or not function.isidentifier():
+        raise ValueError(f"not a driver path: {path!r} (expected 'module:function')")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), function)
+
+
+def import_all() -> None:
+    """Import every driver module (the fork server does, before children are confined)."""
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
+def require(ns: dict[str, Any], name: str) -> Any:
+    """``ns[name]``, or a NameError a student can act on."""
+    if name not in ns:
+        raise NameError(f"this test also calls your `{name}`, which is not defined")
+    return ns[name]
