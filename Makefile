@@ -6,10 +6,11 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: demo test lint generate bench clean
 
-$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt requirements-nodeps.txt pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(BIN)/pip install --quiet --no-deps -r requirements-nodeps.txt
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)

@@ -63,15 +63,22 @@ def _on(value: Any, device: str) -> Any:
 
 
 def run_trusted(
-    fn: Any, graded: Graded, data: CaseData, device: str, spec: StageSpec | None = None
+    fn: Any,
+    graded: Graded,
+    data: CaseData,
+    device: str,
+    spec: StageSpec | None = None,
+    replaces: str | None = None,
 ) -> list[Tensor]:
     """Outputs of the reference (or a variant) on one case, as CPU tensors. A driver runs
-    on the stage's reference names, with ``fn`` in place of the graded name."""
+    on the stage's reference names, with ``fn`` in place of ``replaces`` (default: the
+    graded name)."""
     namespace = None
     if graded.kind == "driver":
         if spec is None:
             raise ValueError(f"{graded.name}: a driver needs the stage's reference names")
-        namespace = {g.name: g.reference for g in spec.graded} | {graded.name: fn}
+        namespace = {g.name: g.reference for g in spec.graded} | {replaces or graded.name: fn}
+        fn = namespace[graded.name]
     result = invoke(fn, graded.kind, _on(_data_dict(data), device), device, namespace, graded.driver)
     outs = []
     for item in split_outputs(result, graded.outputs):
@@ -122,7 +129,7 @@ class StagePlan:
                             variants.append(
                                 (
                                     variant.misconception,
-                                    run_trusted(variant.fn, graded, data, device, spec),
+                                    run_trusted(variant.fn, graded, data, device, spec, variant.replaces),
                                 )
                             )
                         except ValueError:  # a variant that does not apply to this case
@@ -365,6 +372,9 @@ class Grader:
     def _parts(self, submission: Path, path: Path, spec: StageSpec) -> tuple[dict[str, Cells], list[str]]:
         """The submission's own files of the stages ``spec`` builds on (and theirs, in turn)."""
         folder = submission if submission.is_dir() else path.parent
+        # a stage's own folder (student/02_multihead/) was handed in: its siblings are the
+        # student's other stages, as `load_stage` finds them in Jupyter (../01_attention/)
+        student = folder.parent if folder.name == spec.id else folder
         parts: dict[str, Cells] = {}
         notes: list[str] = []
         todo = list(spec.uses)
@@ -373,7 +383,9 @@ class Grader:
             if stage in parts:
                 continue
             try:
-                dep = find_stage_file(folder, stage) if folder.is_dir() else None
+                dep = find_stage_file(folder, stage)
+                if dep is None and student != folder:
+                    dep = find_stage_file(student, stage)
                 if dep is None or dep == path:
                     notes.append(f"this stage uses your {stage}, which is not in the submission")
                     continue

@@ -96,6 +96,10 @@ class Variant:
 
     misconception: str
     fn: Callable[..., Any]
+    # For a driver: the name of the stage the variant stands in for, when the mistake lives
+    # in another name than the graded one (e.g. a BertModel that ignores its mask, seen
+    # through load_pretrained's driver). Default: the graded name.
+    replaces: str | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,8 @@ class StageSpec:
             for v in g.variants:
                 if v.misconception not in self.misconceptions:
                     raise ValueError(f"{self.id}.{g.name}: unknown misconception {v.misconception}")
+                if v.replaces is not None and (g.kind != "driver" or v.replaces not in names):
+                    raise ValueError(f"{self.id}.{g.name}: a variant replaces a graded name, in a driver")
             if (g.kind == "driver") != (g.driver is not None):
                 raise ValueError(f"{self.id}.{g.name}: kind='driver' and driver= go together")
             if not isinstance(g.returns, str) and len(g.returns) != len(g.outputs):
