@@ -11,6 +11,7 @@ import json
 import pytest
 
 from autograder.report import to_gradescope
+from autograder.stages import load_spec
 from tests.support import ROOT, assert_gradescope_results, once_per_session
 
 CLASS = ROOT / "examples" / "class"
@@ -100,7 +101,8 @@ def test_score_and_named_mistakes(graded, student, stage):
     tags = {m for t in tests for m in t["misconceptions"]}
     lost = {t["function"] for t in tests if t["score"] < t["max_score"]}
     assert (r["score"], tags, lost) == (score, ids, losing), _stage(graded, student, stage)["notes"]
-    assert_gradescope_results(r["gradescope"])
+    spec = load_spec(stage)
+    assert_gradescope_results(r["gradescope"], spec.max_score, sum(len(g.tests) for g in spec.graded))
     gs_tags = {x for t in r["gradescope"]["tests"] for x in t["tags"] if x.startswith("misconception:")}
     assert gs_tags == {f"misconception:{i}" for i in ids}
 

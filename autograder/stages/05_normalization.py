@@ -1,0 +1,526 @@
+"""Stage 05: BatchNorm vs LayerNorm by hand, no autograd (CURRICULUM.md, 05_normalization)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor
+
+import reference
+from autograder.spec import (
+    Case,
+    CaseData,
+    Graded,
+    StageSpec,
+    Test,
+    Tolerance,
+    Variant,
+    randn,
+    tolerance_for,
+)
+
+ref = reference.load("05_normalization")
+
+# -- forbidden calls ----------------------------------------------------------------------
+
+# Every library normalisation, whatever the alias: F.batch_norm, torch.batch_norm,
+# nn.BatchNorm1d, F.instance_norm (which calls batch_norm) and the sync-BN helpers
+# (batch_norm_stats, ...) land on a batch_norm op; F.layer_norm, torch.layer_norm and
+# nn.LayerNorm on native_layer_norm. GroupNorm with one group and RMSNorm of x - mean are
+# LayerNorm too. F.rms_norm decomposes into plain ops under a dispatch mode, hence the API
+# names as well.
+NORM_OPS = (
+    "aten::*batch_norm*",
+    "aten::*layer_norm*",
+    "aten::*group_norm*",
+    "aten::*instance_norm*",
+    "aten::*rms_norm*",
+    "torch.nn.functional.batch_norm",
+    "torch.nn.functional.layer_norm",
+    "torch.nn.functional.group_norm",
+    "torch.nn.functional.instance_norm",
+    "torch.nn.functional.rms_norm",
+    "torch.rms_norm",
+)
+# The backward kernels, which do a backward pass's whole job without autograd
+# (torch.ops.aten.native_batch_norm_backward(...)). The forward ops are not forbidden in
+# the backward passes: their driver runs your forward to get the cache, and a forward
+# that calls F.batch_norm loses the forward's points, not the backward's as well.
+NORM_BACKWARD_OPS = (
+    "aten::*batch_norm*backward*",
+    "aten::*layer_norm_backward*",
+    "aten::*group_norm_backward*",
+    "aten::*rms_norm_backward*",
+)
+# torch.autograd.grad, torch.autograd.backward, Tensor.backward, torch.autograd.functional.*
+# are public API calls; torch.func.grad / vjp / jacrev reach torch.autograd.grad.
+AUTOGRAD = ("torch.autograd.*", "torch.Tensor.backward", "torch.func.*", "torch._functorch.*")
+
+FORWARD_FORBIDDEN = NORM_OPS + AUTOGRAD
+BACKWARD_FORBIDDEN = NORM_BACKWARD_OPS + AUTOGRAD
+
+# -- known mistakes, written out ----------------------------------------------------------
+
+
+def _statistics(x: Tensor, dim: int, unbiased: bool) -> tuple[Tensor, Tensor]:
+    mean = x.mean(dim=dim, keepdim=True)
+    with warnings.catch_warnings():  # the unbiased variance of one value is nan, as a student's is
+        warnings.simplefilter("ignore")
+        return mean, x.var(dim=dim, unbiased=unbiased, keepdim=True)
+
+
+def _normalise(x: Tensor, mean: Tensor, var: Tensor, eps: float, eps_on_std: bool = False) -> Tensor:
+    if eps_on_std:  # the Annotated Transformer's (x - mean) / (std + eps)
+        return (x - mean) / (var.sqrt() + eps)
+    return (x - mean) / torch.sqrt(var + eps)
+
+
+def _batchnorm(
+    x: Tensor,
+    gamma: Tensor,
+    beta: Tensor,
+    bn_param: dict[str, Any],
+    *,
+    normalise_unbiased: bool = False,
+    eps_on_std: bool = False,
+    running_unbiased: bool = True,
+    eval_stats: str = "running",  # running | batch | batch-unbiased | train
+) -> tuple[Tensor, None]:
+    """batchnorm_forward with each knob a known mistake can turn (cache: not needed)."""
+    mode, eps, momentum = bn_param["mode"], bn_param["eps"], bn_param["momentum"]
+    if mode == "eval" and eval_stats == "running":
+        mean, var = bn_param["running_mean"], bn_param["running_var"]
+        return gamma * _normalise(x, mean, var, eps) + beta, None
+    if mode == "eval" and eval_stats in ("batch", "batch-unbiased"):
+        mean, var = _statistics(x, 0, unbiased=eval_stats == "batch-unbiased")
+        return gamma * _normalise(x, mean, var, eps) + beta, None
+    mean, var = _statistics(x, 0, unbiased=normalise_unbiased)
+    n = x.size(0)
+    biased = var * (n - 1) / n if normalise_unbiased else var
+    batch_var = biased * n / (n - 1) if running_unbiased else biased
+    bn_param["running_mean"].mul_(1 - momentum).add_(momentum * mean[0])
+    bn_param["running_var"].mul_(1 - momentum).add_(momentum * batch_var[0])
+    return gamma * _normalise(x, mean, var, eps, eps_on_std) + beta, None
+
+
+def _unbiased_and_biased_running(x, gamma, beta, bn_param):
+    # torch.var's default (unbiased) to normalise, and the biased one in the average:
+    # the two uses swapped, which is both mistakes at once
+    return _batchnorm(x, gamma, beta, bn_param, normalise_unbiased=True, running_unbiased=False)
+
+
+BATCHNORM_VARIANTS = (
+    Variant(
+        "unbiased-variance-normalize", lambda *a: _batchnorm(*a, normalise_unbiased=True)
+    ),  # torch.var(x, dim=0) everywhere
+    Variant(
+        "unbiased-variance-normalize", lambda *a: _batchnorm(*a, normalise_unbiased=True, eps_on_std=True)
+    ),
+    Variant("unbiased-variance-normalize", _unbiased_and_biased_running),
+    Variant("running-var-biased", lambda *a: _batchnorm(*a, running_unbiased=False)),
+    Variant("running-var-biased", _unbiased_and_biased_running),
+    Variant("eval-uses-batch-stats", lambda *a: _batchnorm(*a, eval_stats="batch")),
+    Variant("eval-uses-batch-stats", lambda *a: _batchnorm(*a, eval_stats="batch-unbiased")),
+    Variant("eval-uses-batch-stats", lambda *a: _batchnorm(*a, eval_stats="train")),  # mode ignored
+)
+
+
+def _norm_gradients(
+    dout: Tensor, x: Tensor, gamma: Tensor, eps: float, dim: int, unbiased: bool = False, exact: bool = True
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of gamma * (x - mean) / sqrt(var + eps) + beta with the statistics over
+    ``dim`` and var = sum((x - mean)^2) / (n - ddof): the backward pass of a student whose
+    forward makes that choice. ``exact``: written consistently with it; otherwise the
+    notebook's formula (which assumes ddof = 0) applied to that forward's cache."""
+    n = x.size(dim)
+    ddof = 1 if unbiased and exact else 0
+    mean, var = _statistics(x, dim, unbiased)
+    inv_std = 1.0 / torch.sqrt(var + eps)
+    x_hat = (x - mean) * inv_std
+    g = dout * gamma
+    g_sum = g.sum(dim=dim, keepdim=True)
+    gx_sum = (g * x_hat).sum(dim=dim, keepdim=True)
+    dx = inv_std * (g - g_sum / n - x_hat * gx_sum / (n - ddof))
+    return dx, (dout * x_hat).sum(dim=0), dout.sum(dim=0)
+
+
+def _unbiased_variants(dim: int) -> tuple[Variant, ...]:
+    """A forward that normalises with torch.var's default, and a backward written for it
+    (exactly, or with the 1/n formula of the notebook)."""
+    return tuple(
+        Variant(
+            "unbiased-variance-normalize",
+            lambda dout, cache, exact=exact: _norm_gradients(
+                dout, cache.x, cache.gamma, cache.eps, dim=dim, unbiased=True, exact=exact
+            ),
+        )
+        for exact in (True, False)
+    )
+
+
+BATCHNORM_BACKWARD_VARIANTS = _unbiased_variants(0)
+
+
+def _layernorm(
+    x: Tensor, gamma: Tensor, beta: Tensor, eps: float, *, dim=-1, unbiased=False, eps_on_std=False
+):
+    if dim is None:  # statistics of the whole tensor
+        mean, var = x.mean(), x.var(unbiased=unbiased)
+    else:
+        mean, var = _statistics(x, dim, unbiased)
+    return gamma * _normalise(x, mean, var, eps, eps_on_std) + beta, None
+
+
+LAYERNORM_VARIANTS = (
+    Variant("layernorm-wrong-axis", lambda x, gamma, beta, eps: _layernorm(x, gamma, beta, eps, dim=0)),
+    Variant("layernorm-wrong-axis", lambda x, gamma, beta, eps: _layernorm(x, gamma, beta, eps, dim=None)),
+    Variant(
+        "unbiased-variance-normalize",
+        lambda x, gamma, beta, eps: _layernorm(x, gamma, beta, eps, unbiased=True),
+    ),
+    Variant(
+        "unbiased-variance-normalize",
+        lambda x, gamma, beta, eps: _layernorm(x, gamma, beta, eps, unbiased=True, eps_on_std=True),
+    ),
+)
+
+
+def _backward_over_batch(dout: Tensor, cache: Any) -> tuple[Tensor, Tensor, Tensor]:
+    # a right forward, but the backward reduces over the examples (dim 0), as BatchNorm's does
+    g = dout * cache.gamma
+    dx = (g - g.mean(dim=0) - cache.x_hat * (g * cache.x_hat).mean(dim=0)) * cache.inv_std
+    return dx, (dout * cache.x_hat).sum(dim=0), dout.sum(dim=0)
+
+
+LAYERNORM_BACKWARD_VARIANTS = (
+    Variant(
+        "layernorm-wrong-axis",
+        lambda dout, cache: _norm_gradients(dout, cache.x, cache.gamma, cache.eps, dim=0),
+    ),
+    Variant("layernorm-wrong-axis", _backward_over_batch),
+    *_unbiased_variants(-1),
+)
+
+# -- cases --------------------------------------------------------------------------------
+
+
+def _features(g: torch.Generator, n: int, d: int, dtype: torch.dtype, spread: float = 1.0) -> Tensor:
+    """(n, d) inputs whose features have their own means and scales, and whose examples
+    their own offsets: both normalisations have work to do, along different axes."""
+    scale = 0.5 + 1.5 * torch.rand(d, generator=g, dtype=torch.float64)  # (d,)
+    shift = randn(g, d, dtype=torch.float64) * scale  # (d,): means within ~2 std
+    row = randn(g, n, 1, dtype=torch.float64) * 0.5 * spread  # (n, 1)
+    return (randn(g, n, d, dtype=torch.float64) * scale + shift + row).to(dtype)
+
+
+def _affine(g: torch.Generator, d: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    gamma = 1.0 + 0.5 * randn(g, d, dtype=torch.float64)
+    return gamma.to(dtype), (0.5 * randn(g, d, dtype=torch.float64)).to(dtype)
+
+
+def _running(g: torch.Generator, d: int, dtype: torch.dtype, fresh: bool) -> tuple[Tensor, Tensor]:
+    if fresh:  # as a new BatchNorm1d starts
+        return torch.zeros(d, dtype=dtype), torch.ones(d, dtype=dtype)
+    mean = 0.3 * randn(g, d, dtype=torch.float64)
+    var = 0.5 + torch.rand(d, generator=g, dtype=torch.float64)
+    return mean.to(dtype), var.to(dtype)
+
+
+def _bn_steps(
+    sizes: tuple[int, int, int, int],
+    d: int,
+    momentum: float,
+    eps: float,
+    fresh: bool = False,
+    constant_feature: bool = False,
+):
+    """Three train batches then one eval batch (autograder.drivers.normalization.STEPS)."""
+
+    def build(g, dtype):
+        batches = [_features(g, n, d, dtype, spread=0.0) for n in sizes]
+        if constant_feature:  # a feature with zero variance in every batch: x_hat = 0 there
+            for b in batches:
+                b[:, 0] = 1.5
+        gamma, beta = _affine(g, d, dtype)
+        running_mean, running_var = _running(g, d, dtype, fresh)
+        return CaseData(
+            kwargs={
+                "batches": batches,
+                "gamma": gamma,
+                "beta": beta,
+                "eps": eps,
+                "momentum": momentum,
+                "running_mean": running_mean,
+                "running_var": running_var,
+            }
+        )
+
+    return build
+
+
+def _bn_label(sizes, d, momentum, eps, fresh=False, constant_feature=False) -> str:
+    s = f"N={'/'.join(map(str, sizes[:3]))} then eval N={sizes[3]}, D={d}, momentum={momentum:g}, eps={eps:g}"
+    s += ", running stats 0/1" if fresh else ""
+    return s + (", feature 0 constant" if constant_feature else "")
+
+
+def _bn_cases(*specs: dict[str, Any]) -> tuple[Case, ...]:
+    return tuple(Case(_bn_label(**s), _bn_steps(**s)) for s in specs)
+
+
+def _grad_case(n: int, d: int, eps: float, batchnorm: bool):
+    def build(g, dtype):
+        x = _features(g, n, d, dtype, spread=0.0 if batchnorm else 1.0)
+        gamma, beta = _affine(g, d, dtype)
+        dout = randn(g, n, d, dtype=dtype)
+        kwargs: dict[str, Any] = {"x": x, "gamma": gamma, "beta": beta, "eps": eps, "dout": dout}
+        if batchnorm:
+            running_mean, running_var = _running(g, d, dtype, fresh=True)
+            kwargs |= {"momentum": 0.1, "running_mean": running_mean, "running_var": running_var}
+        return CaseData(kwargs=kwargs)
+
+    return build
+
+
+def _ln_case(n: int, d: int, eps: float):
+    def build(g, dtype):
+        x = _features(g, n, d, dtype)
+        gamma, beta = _affine(g, d, dtype)
+        return CaseData(kwargs={"x": x, "gamma": gamma, "beta": beta, "eps": eps})
+
+    return build
+
+
+def _grad_cases(batchnorm: bool, *shapes: tuple[int, int, float]) -> tuple[Case, ...]:
+    return tuple(Case(f"N={n}, D={d}, eps={eps:g}", _grad_case(n, d, eps, batchnorm)) for n, d, eps in shapes)
+
+
+def _ln_cases(*shapes: tuple[int, int, float]) -> tuple[Case, ...]:
+    return tuple(Case(f"N={n}, D={d}, eps={eps:g}", _ln_case(n, d, eps)) for n, d, eps in shapes)
+
+
+def _gradient_tolerance(dim: int):
+    """dx sums terms of size |dout * gamma| / std(x) that cancel, so correct programs that
+    order them differently differ in proportion to those terms, not to dx: the dtype's
+    atol, scaled by the largest such term (never below the dtype's own)."""
+
+    def tolerance(data: CaseData, dtype: torch.dtype, device: str) -> Tolerance:
+        base = tolerance_for(dtype, device)
+        kw = data.kwargs
+        x = kw["x"].double()
+        inv_std = torch.rsqrt(x.var(dim=dim, unbiased=False) + kw["eps"]).max()
+        term = float((kw["dout"].double() * kw["gamma"].double()).abs().max() * inv_std)
+        return Tolerance(base.rtol, base.atol * max(1.0, term))
+
+    return tolerance
+
+
+# -- graded names -------------------------------------------------------------------------
+
+STEP_OUTPUTS = (
+    "out of call 1 (train)",
+    "out of call 2 (train)",
+    "out of call 3 (train)",
+    "out of call 4 (eval)",
+    "running_mean after each call",
+    "running_var after each call",
+)
+
+BATCHNORM_FORWARD = Graded(
+    name="batchnorm_forward",
+    task=1,
+    signature="batchnorm_forward(x, gamma, beta, bn_param) -> (out, cache)",
+    outputs=STEP_OUTPUTS,
+    reference=ref.batchnorm_forward,
+    kind="driver",
+    driver="normalization:batchnorm_train_then_eval",
+    forbidden=FORWARD_FORBIDDEN,
+    variants=BATCHNORM_VARIANTS,
+    tests=(
+        Test(
+            "float32, three train calls then eval",
+            torch.float32,
+            points=1,
+            hidden=False,
+            cases=_bn_cases(
+                dict(sizes=(8, 8, 8, 6), d=5, momentum=0.1, eps=1e-5, fresh=True),
+                dict(sizes=(16, 4, 10, 3), d=3, momentum=0.2, eps=1e-3),
+            ),
+        ),
+        Test(
+            "float64, momentum, eps and small batches",
+            torch.float64,
+            points=1,
+            hidden=False,
+            cases=_bn_cases(
+                dict(sizes=(4, 12, 6, 5), d=7, momentum=0.3, eps=0.1),
+                dict(sizes=(2, 3, 2, 4), d=4, momentum=0.1, eps=1e-5),
+            ),
+        ),
+        Test(
+            "float64, other shapes, eval on one example",
+            torch.float64,
+            points=1,
+            cases=_bn_cases(
+                dict(sizes=(32, 32, 32, 8), d=16, momentum=0.05, eps=1e-5, fresh=True, constant_feature=True),
+                dict(sizes=(5, 9, 3, 1), d=6, momentum=0.25, eps=1e-4),
+            ),
+        ),
+        Test(
+            "float32, a constant feature and a large eps",
+            torch.float32,
+            points=1,
+            cases=_bn_cases(
+                dict(sizes=(6, 6, 6, 6), d=4, momentum=0.1, eps=1e-2, constant_feature=True),
+                # eps well above float32's rounding of a constant's mean (1 ulp / sqrt(eps))
+                dict(sizes=(20, 7, 3, 2), d=9, momentum=0.15, eps=0.05, constant_feature=True),
+            ),
+        ),
+    ),
+)
+
+BATCHNORM_BACKWARD = Graded(
+    name="batchnorm_backward",
+    task=2,
+    signature="batchnorm_backward(dout, cache) -> (dx, dgamma, dbeta)",
+    outputs=("dx", "dgamma", "dbeta"),
+    reference=ref.batchnorm_backward,
+    kind="driver",
+    driver="normalization:batchnorm_gradients",
+    forbidden=BACKWARD_FORBIDDEN,
+    variants=BATCHNORM_BACKWARD_VARIANTS,
+    tolerance=_gradient_tolerance(0),
+    tests=(
+        Test(
+            "float64, train mode",
+            torch.float64,
+            points=2,
+            hidden=False,
+            cases=_grad_cases(True, (4, 5, 1e-5), (8, 3, 1e-3)),
+        ),
+        Test(
+            "float32, train mode",
+            torch.float32,
+            points=1,
+            hidden=False,
+            cases=_grad_cases(True, (16, 6, 1e-5)),
+        ),
+        Test(
+            "float64, other shapes",
+            torch.float64,
+            points=1,
+            cases=_grad_cases(True, (2, 4, 1e-5), (32, 12, 0.1), (3, 1, 1e-5)),
+        ),
+        Test(
+            "float32, other shapes",
+            torch.float32,
+            points=1,
+            cases=_grad_cases(True, (9, 17, 1e-5), (64, 8, 1e-5)),
+        ),
+    ),
+)
+
+LAYERNORM_FORWARD = Graded(
+    name="layernorm_forward",
+    task=3,
+    signature="layernorm_forward(x, gamma, beta, eps) -> (out, cache)",
+    outputs=("out",),
+    reference=ref.layernorm_forward,
+    kind="driver",
+    driver="normalization:layernorm_output",
+    forbidden=FORWARD_FORBIDDEN,
+    variants=LAYERNORM_VARIANTS,
+    tests=(
+        Test("float32", torch.float32, points=1, hidden=False, cases=_ln_cases((4, 16, 1e-12), (6, 5, 1e-5))),
+        Test(
+            "float64, one example and N = D",
+            torch.float64,
+            points=1,
+            hidden=False,
+            cases=_ln_cases((1, 8, 1e-5), (6, 6, 1e-5)),
+        ),
+        Test(
+            "float64, other shapes and eps",
+            torch.float64,
+            points=1,
+            cases=_ln_cases((10, 3, 1e-3), (3, 32, 1e-12)),
+        ),
+        Test(
+            "float32, wide rows",
+            torch.float32,
+            points=1,
+            cases=_ln_cases(
+                (5, 128, 1e-5),
+            ),
+        ),
+    ),
+)
+
+LAYERNORM_BACKWARD = Graded(
+    name="layernorm_backward",
+    task=4,
+    signature="layernorm_backward(dout, cache) -> (dx, dgamma, dbeta)",
+    outputs=("dx", "dgamma", "dbeta"),
+    reference=ref.layernorm_backward,
+    kind="driver",
+    driver="normalization:layernorm_gradients",
+    forbidden=BACKWARD_FORBIDDEN,
+    variants=LAYERNORM_BACKWARD_VARIANTS,
+    tolerance=_gradient_tolerance(-1),
+    tests=(
+        Test(
+            "float64",
+            torch.float64,
+            points=2,
+            hidden=False,
+            cases=_grad_cases(False, (4, 6, 1e-5), (3, 3, 1e-3)),
+        ),
+        Test(
+            "float32",
+            torch.float32,
+            points=1,
+            hidden=False,
+            cases=_grad_cases(
+                False,
+                (8, 16, 1e-12),
+            ),
+        ),
+        Test(
+            "float64, other shapes",
+            torch.float64,
+            points=1,
+            cases=_grad_cases(False, (1, 10, 1e-5), (12, 2, 1e-5), (7, 33, 0.1)),
+        ),
+        Test(
+            "float32, other shapes",
+            torch.float32,
+            points=1,
+            cases=_grad_cases(
+                False,
+                (16, 64, 1e-5),
+            ),
+        ),
+    ),
+)
+
+SPEC = StageSpec(
+    id="05_normalization",
+    title="BatchNorm vs LayerNorm by hand",
+    graded=(BATCHNORM_FORWARD, BATCHNORM_BACKWARD, LAYERNORM_FORWARD, LAYERNORM_BACKWARD),
+    misconceptions={
+        "unbiased-variance-normalize": "your output matches normalising with the unbiased variance "
+        "(dividing by N - 1, torch.var's default): BatchNorm and LayerNorm normalise with the biased "
+        "variance, mean((x - mean)**2), i.e. x.var(dim, unbiased=False), and add eps inside the sqrt.",
+        "running-var-biased": "your running_var matches an average of the biased batch variance: the "
+        "running average uses the unbiased one, var * N / (N - 1), as torch.nn.BatchNorm1d does (the "
+        "biased one is only for normalising the batch).",
+        "layernorm-wrong-axis": "your result matches LayerNorm with statistics over the wrong axis: "
+        "LayerNorm normalises each example over its own features (the last dim, keepdim=True), not "
+        "each feature over the batch (that is BatchNorm) nor the whole tensor at once.",
+        "eval-uses-batch-stats": "your eval-mode output (or running statistics) matches using the batch's "
+        "own statistics in eval mode: in eval mode, normalise with bn_param['running_mean'] and "
+        "bn_param['running_var'] and leave them unchanged.",
+    },
+)

@@ -1,0 +1,362 @@
+"""Stage 09: a BERT from the student's own parts, on real pretrained weights
+(CURRICULUM.md, 09_mini_bert).
+
+Three graded names: ``BertEmbeddings`` and ``BertModel`` on small random configurations
+(structure, masks, token types), and ``load_pretrained``, graded by the ``bert:pretrained``
+driver: the student's BertModel with the real all-MiniLM-L6-v2 weights loaded by the
+student's own ``load_pretrained``, on real sentences, against the reference's hidden
+states (computed once per grading run). Only positions where ``attention_mask == 1`` are
+graded: what a model computes at padding is never used.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+import reference
+from autograder.drivers.bert import minilm_dir
+from autograder.spec import (
+    Case,
+    CaseData,
+    Graded,
+    StageSpec,
+    Test,
+    Tolerance,
+    Variant,
+    randint,
+    randn,
+    tolerance_for,
+)
+from autograder.stages import load_spec
+
+ref = reference.load("09_mini_bert")
+
+# Building BERT out of torch's or transformers' own layers is not building it: their
+# attention (F.scaled_dot_product_attention, nn.MultiheadAttention), GELU and fused
+# encoder layer all land on these operators. (Softmax is not listed: stage 01 lets
+# attention use torch.softmax, and 09 runs the student's 01.)
+FORBIDDEN = (
+    *load_spec("01_attention").graded_name("scaled_dot_product_attention").forbidden,
+    "aten::gelu",
+    "aten::_transformer_encoder_layer_fwd",
+)
+
+# -- small random configurations ------------------------------------------------------------
+
+TINY = dict(
+    vocab_size=50,
+    hidden_size=16,
+    num_layers=2,
+    num_heads=4,
+    intermediate_size=32,
+    max_position_embeddings=24,
+    type_vocab_size=2,
+    eps=1e-12,
+)
+EMBEDDING_KEYS = ("vocab_size", "hidden_size", "max_position_embeddings", "type_vocab_size", "eps")
+
+
+def _random_state(module: torch.nn.Module, g: torch.Generator, dtype: torch.dtype) -> dict[str, Tensor]:
+    """Random values for every entry of ``module``'s state dict (LayerNorm gains near 1)."""
+    state = {}
+    for name, value in sorted(module.state_dict().items()):
+        t = randn(g, *value.shape, dtype=dtype, scale=0.5)
+        if "LayerNorm.weight" in name or "norm1.weight" in name or "norm2.weight" in name:
+            t = t * 0.2 + 1.0
+        state[name] = t
+    return state
+
+
+def _batch(g: torch.Generator, b: int, length: int, vocab: int, padded: bool, types: bool):
+    input_ids = randint(g, 0, vocab, b, length)  # (B, L)
+    token_type_ids = randint(g, 0, 2, b, length) if types else None
+    attention_mask = None
+    if padded:
+        lengths = randint(g, 2, length + 1, b)  # at least two real tokens
+        lengths[0] = length  # one full row
+        attention_mask = (torch.arange(length)[None, :] < lengths[:, None]).long()  # (B, L) 1 = real
+    return input_ids, token_type_ids, attention_mask
+
+
+def _embeddings_case(b: int, length: int, types: bool):
+    def build(g, dtype):
+        config = {k: TINY[k] for k in EMBEDDING_KEYS}
+        state = _random_state(ref.BertEmbeddings(**config), g, dtype)
+        input_ids, token_type_ids, _ = _batch(g, b, length, TINY["vocab_size"], False, types)
+        return CaseData(args=(input_ids, token_type_ids), init_kwargs=config, state=state)
+
+    return build
+
+
+def _model_case(b: int, length: int, padded: bool, types: bool, **overrides: int):
+    def build(g, dtype):
+        config = {**TINY, **overrides}
+        state = _random_state(ref.BertModel(**config), g, dtype)
+        input_ids, token_type_ids, attention_mask = _batch(g, b, length, config["vocab_size"], padded, types)
+        return CaseData(
+            args=(input_ids,),
+            kwargs={"token_type_ids": token_type_ids, "attention_mask": attention_mask},
+            init_kwargs=config,
+            state=state,
+        )
+
+    return build
+
+
+def _real_positions(mask: Tensor | None) -> tuple[Tensor | None]:
+    return (None if mask is None else mask.bool()[..., None],)  # (B, L, 1)
+
+
+# -- known mistakes -------------------------------------------------------------------------
+
+
+class _EmbeddingsWithoutLayerNorm(ref.BertEmbeddings):
+    def forward(self, input_ids, token_type_ids=None):
+        positions = torch.arange(input_ids.size(1), device=input_ids.device)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        return (
+            self.word_embeddings(input_ids)
+            + self.position_embeddings(positions)
+            + self.token_type_embeddings(token_type_ids)
+        )
+
+
+class _ModelWithoutEmbeddingLayerNorm(ref.BertModel):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.embeddings.__class__ = _EmbeddingsWithoutLayerNorm
+
+
+class _ModelIgnoringMask(ref.BertModel):
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None):
+        return super().forward(input_ids, token_type_ids, None)
+
+
+def _load_with_norms_swapped(model, weights):
+    swapped = {}
+    for name, value in weights.items():
+        if ".attention.output.LayerNorm." in name:
+            name = name.replace(".attention.output.LayerNorm.", ".output.LayerNorm.")
+        elif ".output.LayerNorm." in name:
+            name = name.replace(".output.LayerNorm.", ".attention.output.LayerNorm.")
+        swapped[name] = value
+    ref.load_pretrained(model, swapped)
+
+
+# -- real sentences ---------------------------------------------------------------------------
+
+PUBLIC_SENTENCES = (
+    "The cat sat on the mat.",
+    "Attention is all you need.",
+    "BERT reads a sentence in both directions at once.",
+)
+HIDDEN_SENTENCES = (
+    "She deposited the cheque at the bank before noon.",
+    "Transformers replaced recurrence with self-attention.",
+    "A quick brown fox jumps over the lazy dog.",
+    "Positional information is learned rather than fixed.",
+)
+HIDDEN_PAIR = ("Where did the river flood?", "The river flooded the fields near the old mill.")
+
+
+@functools.cache
+def _tokenizer():
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
+    tok.no_padding()  # the file pads and truncates to 128 by default
+    tok.no_truncation()
+    return tok
+
+
+def encode(sentences: tuple[str | tuple[str, str], ...]) -> tuple[Tensor, Tensor, Tensor]:
+    """Real WordPiece ids, padded with [PAD] (id 0): input_ids, token_type_ids,
+    attention_mask, each (B, L) int64."""
+    encodings = [
+        _tokenizer().encode(*s) if isinstance(s, tuple) else _tokenizer().encode(s) for s in sentences
+    ]
+    length = max(len(e.ids) for e in encodings)
+    out = torch.zeros(3, len(encodings), length, dtype=torch.int64)
+    for i, e in enumerate(encodings):
+        n = len(e.ids)
+        out[0, i, :n] = torch.tensor(e.ids)
+        out[1, i, :n] = torch.tensor(e.type_ids)
+        out[2, i, :n] = 1
+    return out[0], out[1], out[2]
+
+
+def _pretrained_case(sentences):
+    def build(g, dtype):
+        input_ids, token_type_ids, attention_mask = encode(sentences)
+        return CaseData(
+            args=(input_ids, token_type_ids, attention_mask),
+            kwargs={"dtype": str(dtype).removeprefix("torch.")},
+            init_kwargs=ref.MINILM_CONFIG,
+        )
+
+    return build
+
+
+def _pretrained_tolerance(data: CaseData, dtype: torch.dtype, device: str) -> Tolerance:
+    # Six layers of real weights: two correct programs that order their sums differently
+    # drift by ~1e-5 in float32 on hidden states of magnitude ~1-10; a mistake moves them by
+    # 1e-1 or more (tests/test_stages.py proves both sides).
+    if dtype == torch.float32:
+        return Tolerance(rtol=1e-4, atol=2e-4 if device.startswith("cuda") else 1e-4)
+    return tolerance_for(dtype, device)
+
+
+# -- graded names -----------------------------------------------------------------------------
+
+EMBEDDINGS = Graded(
+    name="BertEmbeddings",
+    task=1,
+    signature="BertEmbeddings(vocab_size, hidden_size, max_position_embeddings, type_vocab_size, "
+    "eps=1e-12); forward(input_ids, token_type_ids=None) -> (B, L, hidden_size)",
+    outputs=("embeddings",),
+    reference=ref.BertEmbeddings,
+    kind="module",
+    forbidden=FORBIDDEN,
+    variants=(Variant("no-embedding-layernorm", _EmbeddingsWithoutLayerNorm),),
+    tests=(
+        Test(
+            "float32",
+            torch.float32,
+            points=1,
+            hidden=False,
+            cases=(
+                Case("B=2, L=7, token types", _embeddings_case(2, 7, True)),
+                Case("B=3, L=5, no token types", _embeddings_case(3, 5, False)),
+            ),
+        ),
+        Test(
+            "float64",
+            torch.float64,
+            points=1,
+            cases=(
+                Case("B=4, L=24 (every position), token types", _embeddings_case(4, 24, True)),
+                Case("B=1, L=1", _embeddings_case(1, 1, False)),
+            ),
+        ),
+    ),
+)
+
+MODEL = Graded(
+    name="BertModel",
+    task=2,
+    signature="BertModel(vocab_size, hidden_size, num_layers, num_heads, intermediate_size, "
+    "max_position_embeddings, type_vocab_size, eps=1e-12); "
+    "forward(input_ids, token_type_ids=None, attention_mask=None) -> (B, L, hidden_size)",
+    outputs=("last_hidden_state",),
+    reference=ref.BertModel,
+    kind="module",
+    forbidden=FORBIDDEN,
+    graded_region=lambda data: _real_positions(data.kwargs.get("attention_mask")),
+    variants=(
+        Variant("no-embedding-layernorm", _ModelWithoutEmbeddingLayerNorm),
+        Variant("attention-mask-ignored", _ModelIgnoringMask),
+    ),
+    tests=(
+        Test(
+            "float32, padded batch",
+            torch.float32,
+            points=2,
+            hidden=False,
+            cases=(Case("B=3, L=9, 2 layers, token types", _model_case(3, 9, True, True)),),
+        ),
+        Test(
+            "float64, padded batch",
+            torch.float64,
+            points=1,
+            hidden=False,
+            cases=(Case("B=2, L=6, 2 layers", _model_case(2, 6, True, False)),),
+        ),
+        Test(
+            "float64, other configurations",
+            torch.float64,
+            points=2,
+            cases=(
+                Case(
+                    "B=4, L=12, 3 layers, 2 heads", _model_case(4, 12, True, True, num_layers=3, num_heads=2)
+                ),
+                Case("B=1, L=5, 1 layer, no mask", _model_case(1, 5, False, False, num_layers=1)),
+            ),
+        ),
+        Test(
+            "float32, other configurations",
+            torch.float32,
+            points=1,
+            cases=(Case("B=5, L=10, 2 layers, 8 heads", _model_case(5, 10, True, True, num_heads=8)),),
+        ),
+    ),
+)
+
+PRETRAINED = Graded(
+    name="load_pretrained",
+    task=3,
+    signature="load_pretrained(model, weights): copies all-MiniLM-L6-v2's transformers-named "
+    "weights into your BertModel",
+    outputs=("last_hidden_state",),
+    reference=ref.load_pretrained,
+    kind="driver",
+    driver="bert:pretrained",
+    forbidden=FORBIDDEN,
+    graded_region=lambda data: _real_positions(data.args[2]),
+    tolerance=_pretrained_tolerance,
+    variants=(
+        Variant("layernorms-swapped", _load_with_norms_swapped),
+        # mistakes of the model, seen on the real weights
+        Variant("no-embedding-layernorm", _ModelWithoutEmbeddingLayerNorm, replaces="BertModel"),
+        Variant("attention-mask-ignored", _ModelIgnoringMask, replaces="BertModel"),
+    ),
+    tests=(
+        Test(
+            "float32, real sentences",
+            torch.float32,
+            points=2,
+            hidden=False,
+            cases=(Case("3 sentences, padded", _pretrained_case(PUBLIC_SENTENCES)),),
+        ),
+        Test(
+            "float32, hidden sentences and a sentence pair",
+            torch.float32,
+            points=2,
+            cases=(Case("4 sentences + 1 pair, padded", _pretrained_case((*HIDDEN_SENTENCES, HIDDEN_PAIR))),),
+        ),
+        Test(
+            "float64, real sentences",
+            torch.float64,
+            points=1,
+            hidden=False,
+            cases=(Case("3 sentences, padded", _pretrained_case(PUBLIC_SENTENCES)),),
+        ),
+        Test(
+            "float64, hidden sentences and a sentence pair",
+            torch.float64,
+            points=1,
+            cases=(Case("4 sentences + 1 pair, padded", _pretrained_case((*HIDDEN_SENTENCES, HIDDEN_PAIR))),),
+        ),
+    ),
+)
+
+SPEC = StageSpec(
+    id="09_mini_bert",
+    title="Mini-BERT on real pretrained weights",
+    graded=(EMBEDDINGS, MODEL, PRETRAINED),
+    uses=("02_multihead", "06_transformer_block"),
+    call_timeout_s=30.0,  # a 22M-parameter model is built and loaded per call
+    misconceptions={
+        "no-embedding-layernorm": "your embeddings match word + position + token type without the "
+        "LayerNorm: BERT normalises the sum (embeddings.LayerNorm) before the first layer.",
+        "attention-mask-ignored": "your hidden states match a model that ignores attention_mask: turn "
+        "it into a padding mask, attention_mask.bool()[:, None, None, :] (B, 1, 1, L), and pass it to "
+        "every layer.",
+        "layernorms-swapped": "your hidden states match the two LayerNorms of each layer loaded the wrong "
+        "way round: attention.output.LayerNorm follows attention (norm1), output.LayerNorm follows the "
+        "feed-forward network (norm2).",
+    },
+)

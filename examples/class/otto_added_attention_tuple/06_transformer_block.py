@@ -1,0 +1,39 @@
+# Otto - stage 06
+import math
+
+import torch
+import torch.nn as nn
+
+from autograder.parts import load_stage
+
+MultiHeadAttention = load_stage("02_multihead").MultiHeadAttention
+
+SQRT_2 = math.sqrt(2)
+
+
+def gelu(x):
+    return 0.5 * x * (1 + torch.erf(x / SQRT_2))
+
+
+class PositionwiseFeedForward(nn.Module):
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x):
+        return self.linear2(gelu(self.linear1(x)))
+
+
+class TransformerEncoderLayer(nn.Module):
+    def __init__(self, d_model, num_heads, d_ff, eps=1e-12):
+        super().__init__()
+        self.attention = MultiHeadAttention(d_model, num_heads)
+        self.norm1 = nn.LayerNorm(d_model, eps=eps)
+        self.ffn = PositionwiseFeedForward(d_model, d_ff)
+        self.norm2 = nn.LayerNorm(d_model, eps=eps)
+
+    def forward(self, x, mask=None):
+        x = self.norm1(x + self.attention(x, x, x, mask))
+        x = self.norm2(x + self.ffn(x))
+        return x
