@@ -59,8 +59,10 @@ def failure_message(name: str, signature: str, status: str, info: Mapping[str, o
     if status == "not_implemented":
         return f"`{name}` is not implemented yet (it raises NotImplementedError)."
     if status == "type_error":
+        if where:  # raised inside the student's code: the parameters were accepted
+            return f"calling {signature} raised TypeError{said}{where}"
         return (
-            f"calling {signature} raised TypeError{said}{where}. "
+            f"calling {signature} raised TypeError{said}. "
             f"Check that your definition takes exactly these parameters."
         )
     if status == "error" and info.get("type") == "SystemExit":

@@ -103,11 +103,11 @@ def load_stage(stage: str, where: Path | str | None = None) -> types.ModuleType:
 def _read_cells(path: Path, stage: str) -> Cells:
     from autograder.load import load_source
 
-    _globals.setdefault("get_ipython", _Silent)
+    _globals.setdefault("get_ipython", Silent)
     return load_source(path, stage).cells
 
 
-class _Silent:
+class Silent:
     """The earlier notebook's magics and ``!`` lines do nothing when it is loaded as a part."""
 
     def __getattr__(self, name: str) -> Any:

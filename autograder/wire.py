@@ -19,11 +19,13 @@ def encode(value: Any, tensors: Tensors, prefix: str) -> Any:
     """The JSON skeleton of ``value``; tensors and arrays go into ``tensors``."""
     if isinstance(value, torch.Tensor):
         key = f"{prefix}.{len(tensors)}"
-        tensors[key] = value.detach().cpu().contiguous()
+        # a copy of its own: a case may pass one tensor as several arguments (q = k = v),
+        # and safetensors refuses to save tensors that share memory
+        tensors[key] = value.detach().cpu().contiguous().clone()
         return {"t": key}
     if isinstance(value, np.ndarray):
         key = f"{prefix}.{len(tensors)}"
-        tensors[key] = torch.from_numpy(np.ascontiguousarray(value))
+        tensors[key] = torch.from_numpy(np.array(value, copy=True, order="C"))
         return {"np": key}
     if value is None or isinstance(value, bool | int | float | str):
         return {"v": value}

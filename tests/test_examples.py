@@ -201,3 +201,23 @@ def test_notebooks_are_clean_v4_without_outputs():
         for cell in nb.cells:
             if cell.cell_type == "code":
                 assert cell.outputs == [] and cell.execution_count is None, path
+
+
+def test_a_type_error_inside_forward_points_at_the_line_not_the_signature(graded):
+    tests = _tests(
+        graded, "otto_added_attention_tuple", "TransformerEncoderLayer", stage="06_transformer_block"
+    )
+    assert tests and all(t["score"] == 0 for t in tests)
+    text = tests[0]["output"]
+    assert "unsupported operand type(s) for +: 'Tensor' and 'tuple'" in text
+    assert "line 37: x = self.norm1(x + self.attention(x, x, x, mask))" in text
+    assert "takes exactly these parameters" not in text  # its parameters were fine
+
+
+def test_a_later_stage_names_the_failing_earlier_stage_it_runs(graded):
+    (stage,) = _result(graded, "walt_bert_on_broken_heads", "09_mini_bert")["stages"]
+    assert stage["notes"][0].startswith(
+        "09_mini_bert runs your own 02_multihead (2.8333/15), 06_transformer_block"
+    )
+    failing = [t for t in stage["tests"] if t["score"] < t["max_score"]]
+    assert failing and all("fix those first" in t["output"] for t in failing)

@@ -213,3 +213,19 @@ def test_bypassing_the_detector_still_reaches_the_guarded_kernel(grader, tmp_pat
     assert scores(result) == {**FULL, "softmax": 0}
     out = next(t.output for t in result.stages[0].tests if t.function == "softmax")
     assert "aten::_softmax" in out and "forbids" in out
+
+
+def test_one_tensor_passed_as_several_arguments_crosses_the_boundary():
+    import safetensors.torch
+    import torch
+
+    from autograder import wire
+    from autograder.runner import encode_inputs
+
+    x = torch.randn(2, 3, 4)
+    skeletons, tensors = encode_inputs([(0, {"args": (x, x, x[0]), "kwargs": {}})])
+    blob = safetensors.torch.save(tensors)  # refused if two entries shared memory
+    back = {k: wire.decode(v, safetensors.torch.load(blob)) for k, v in skeletons[0].items()}
+    q, k, first = back["args"]
+    assert torch.equal(q, x) and torch.equal(k, x) and torch.equal(first, x[0])
+    assert q.data_ptr() != k.data_ptr()
