@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -115,6 +116,135 @@ def grade(
         console.print(class_table(graded))
     if results_dir is not None:
         console.print(f"results: {results_dir}/<student>/results.json")
+
+
+def _shard(value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    try:
+        k, n = (int(x) for x in value.split("/"))
+    except ValueError:
+        k = n = 0
+    if not 1 <= k <= n:
+        err.print(f"error: --shard takes K/N with 1 <= K <= N, e.g. 2/8; got {value!r}")
+        raise typer.Exit(2)
+    return k, n
+
+
+@app.command()
+def batch(
+    class_dir: Annotated[
+        Path, typer.Argument(help="nbgrader's CLASS/submitted/<student>/<stage>/ or CLASS/<student>/.")
+    ],
+    stage: Annotated[
+        list[str] | None,
+        typer.Option("--stage", "-s", help="Stage id(s); default: the stages each student holds."),
+    ] = None,
+    db: Annotated[
+        Path | None,
+        typer.Option(help="The SQLite gradebook (default: ./bertlab-gradebook[.shard-K-of-N].sqlite)."),
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="Parallel graders; default: this machine's cores.")
+    ] = None,
+    regrade: Annotated[bool, typer.Option(help="Grade again what the gradebook already holds.")] = False,
+    shard: Annotated[
+        str | None, typer.Option(help="K/N: grade only the K-th of N slices of the students (job arrays).")
+    ] = None,
+    csv: Annotated[Path | None, typer.Option(help="Also export the gradebook as CSV.")] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
+    call_timeout: Annotated[float | None, typer.Option(help="Seconds per call of a graded name.")] = None,
+    submission_timeout: Annotated[float, typer.Option(help="Seconds for one student's stage.")] = 120.0,
+) -> None:
+    """Grade every student x stage of CLASS_DIR into a resumable gradebook: a killed batch,
+    run again, grades only what is missing (or whose code changed)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.table import Table
+
+    from autograder import batch as b
+    from autograder.stages import stage_ids
+
+    if not class_dir.is_dir():
+        err.print(f"error: {class_dir} is not a directory")
+        raise typer.Exit(2)
+    for s in stage or []:
+        if s not in stage_ids():
+            err.print(f"error: unknown stage {s!r}; known stages: {', '.join(stage_ids())}")
+            raise typer.Exit(2)
+    sliced = _shard(shard)
+    if db is None:
+        db = Path("bertlab-gradebook" + (f".shard-{sliced[0]}-of-{sliced[1]}" if sliced else "") + ".sqlite")
+    _warn_if_exposed()
+    units = b.discover(class_dir, stage, sliced)
+    students = len({u.student for u in units})
+    console.print(f"{students} students, {len(units)} student×stage grades; gradebook {db}")
+    with (
+        b.Gradebook(db) as book,
+        Progress(
+            TextColumn("grading"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=not console.is_terminal,
+        ) as bar,
+    ):
+        task = bar.add_task("grading", total=None, rate="")
+        t0 = time.monotonic()
+
+        def progress(n: int, total: int) -> None:
+            rate = n / max(time.monotonic() - t0, 1e-9)
+            bar.update(task, completed=n, total=total, rate=f"{rate:.1f}/s" if n else "")
+
+        report = b.run(
+            units,
+            book,
+            workers or b.default_workers(),
+            regrade=regrade,
+            device=device,
+            call_s=call_timeout,
+            submission_s=submission_timeout,
+            progress=progress,
+        )
+        rows = [r for r in book.rows() if (r["student"], r["stage"]) in {(u.student, u.stage) for u in units}]
+        if csv is not None:
+            book.export_csv(csv)
+    console.print(
+        f"graded {report.graded}, already in the gradebook {report.skipped}, in {report.seconds:.1f} s"
+    )
+    table = Table(title="per stage")
+    for col in ("stage", "students", "mean", "median", "most frequent named mistakes"):
+        table.add_column(col)
+    for s in b.summarise(rows):
+        mistakes = ", ".join(f"{m} ({n})" for m, n in s.mistakes) or "—"
+        table.add_row(s.stage, str(s.students), f"{s.mean:.2f} / {s.max_score:g}", f"{s.median:g}", mistakes)
+    console.print(table)
+    if csv is not None:
+        console.print(f"CSV: {csv}")
+
+
+@app.command()
+def merge(
+    into: Annotated[Path, typer.Argument(help="The gradebook to merge into (created if missing).")],
+    shards: Annotated[list[Path], typer.Argument(help="Shard gradebooks to merge in.")],
+    csv: Annotated[Path | None, typer.Option(help="Also export the merged gradebook as CSV.")] = None,
+) -> None:
+    """Combine shard gradebooks (idempotent: merging one twice changes nothing)."""
+    from autograder.batch import Gradebook
+
+    for s in shards:
+        if not s.is_file():
+            err.print(f"error: {s} does not exist")
+            raise typer.Exit(2)
+    with Gradebook(into) as book:
+        changed = sum(book.merge(s) for s in shards)
+        total = len(book.rows())
+        if csv is not None:
+            book.export_csv(csv)
+    console.print(
+        f"merged {len(shards)} gradebooks into {into}: {changed} grades added or updated, {total} in all"
+    )
 
 
 @app.command()
