@@ -20,6 +20,7 @@ import random
 import re
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +155,12 @@ def main(job_dir: str, event_fd: int) -> int:
     os.chdir(work)
     sys.argv = [plan["module_name"]]
 
-    ns: dict[str, Any] = {"__name__": plan["module_name"], "__builtins__": builtins}
+    # The submission runs as a real module in sys.modules, as a kernel's __main__ is: a
+    # @dataclass (or pickle, typing.get_type_hints) looks its module up there.
+    module = types.ModuleType(plan["module_name"])
+    sys.modules[plan["module_name"]] = module
+    ns: dict[str, Any] = module.__dict__
+    ns["__builtins__"] = builtins
     shell = _NoShell(emit, ns)
     ns["get_ipython"] = lambda: shell
     # an earlier stage's magics were noted when that stage was graded: silent here

@@ -85,6 +85,7 @@ def load_stage(stage: str, where: Path | str | None = None) -> types.ModuleType:
     cells = cells_of()
     module = types.ModuleType(f"bertlab_{stage}", f"Your {stage}, run as a module.")
     module.__dict__.update(_globals)
+    sys.modules[module.__name__] = module  # a @dataclass looks its module up there
     _loading.append(stage)
     try:
         for label, source in cells:

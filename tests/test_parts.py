@@ -119,3 +119,30 @@ def test_a_missing_earlier_stage_is_explained(graded):
     assert stage.score == 0
     assert "this stage uses your 99_toy, which is not in the submission" in stage.notes
     assert any("holds no 99_toy.ipynb or 99_toy.py" in n for n in stage.notes), stage.notes
+
+
+def test_dataclasses_work_in_a_py_submission_and_in_a_part(tmp_path):
+    from autograder.grade import Grader
+
+    code = (
+        "from dataclasses import dataclass\n\n@dataclass\nclass Pair:\n    a: int\n    b: int\n\n"
+        "def scale_rows(x, alpha):\n    p = Pair(1, 2)\n    return alpha * x / (x * x).sum(-1, keepdim=True).sqrt() * (p.b - p.a)\n"
+    )
+    uses = "from autograder.parts import load_stage\ntoy = load_stage('99_toy')\n" + (
+        "def twice_scaled(x, alpha):\n    return 2 * toy.scale_rows(x, alpha) * toy.Pair(0, 1).b\n"
+    )
+    write_py(tmp_path / "s", "99_toy", code)
+    write_py(tmp_path / "s", "98_toy_uses", uses)
+    old = os.environ.get(STAGE_PATH_ENV)
+    os.environ[STAGE_PATH_ENV] = str(ROOT / "tests" / "toy_stage")
+    try:
+        with Grader() as grader:
+            r = grader.grade(tmp_path / "s", ["99_toy", "98_toy_uses"])
+    finally:
+        if old is None:
+            os.environ.pop(STAGE_PATH_ENV)
+        else:
+            os.environ[STAGE_PATH_ENV] = old
+    toy, uses_toy = r.stages
+    assert [t.score for t in toy.tests if t.function == "scale_rows"] == [2, 1], toy.notes
+    assert uses_toy.score == 2, uses_toy.notes

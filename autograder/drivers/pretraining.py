@@ -168,10 +168,14 @@ def _call_mask_tokens(fn: Any, kw: dict[str, Any], input_ids: Tensor, special: T
     for name, t in (("input_ids", out), ("labels", labels)):
         if not isinstance(t, Tensor) or t.shape != input_ids.shape:
             got = tuple(t.shape) if isinstance(t, Tensor) else _describe(t)
-            raise ValueError(f"mask_tokens: the returned {name} should be a tensor of shape "
-                             f"{tuple(input_ids.shape)}, got {got}")
+            raise ValueError(
+                f"mask_tokens: the returned {name} should be a tensor of shape "
+                f"{tuple(input_ids.shape)}, got {got}"
+            )
         if t.device != input_ids.device:
-            raise ValueError(f"mask_tokens: the returned {name} is on {t.device}, the input on {input_ids.device}")
+            raise ValueError(
+                f"mask_tokens: the returned {name} is on {t.device}, the input on {input_ids.device}"
+            )
     if labels.dtype != torch.int64:
         raise ValueError(f"mask_tokens: labels should be int64 (cross_entropy's targets), got {labels.dtype}")
     return out, labels
