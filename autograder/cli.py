@@ -247,6 +247,26 @@ def merge(
     )
 
 
+@app.command("nbgrader-export")
+def nbgrader_export(
+    gradebook: Annotated[Path, typer.Argument(help="A bertlab gradebook written by `batch` (or `merge`).")],
+    to: Annotated[
+        str, typer.Option(help="nbgrader's database URL (its course's gradebook.db).")
+    ] = "sqlite:///gradebook.db",
+) -> None:
+    """Write the grades into nbgrader's gradebook (auto scores per grade cell; manual
+    grades are kept), for formgrader and `nbgrader export`."""
+    from autograder.batch import Gradebook
+    from autograder.nbgrader_export import export
+
+    if not gradebook.is_file():
+        err.print(f"error: {gradebook} does not exist")
+        raise typer.Exit(2)
+    with Gradebook(gradebook) as book:
+        written = export(book.rows(), to)
+    console.print(f"wrote {written} grades into {to}")
+
+
 @app.command()
 def generate(
     stage: Annotated[list[str] | None, typer.Argument(help="Stage ids; default: all.")] = None,
