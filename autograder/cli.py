@@ -333,6 +333,16 @@ def stages() -> None:
             console.print(f"  task {g.task}: {g.signature}  ({g.max_score:g} points)")
 
 
+def _register_feature_commands() -> None:
+    """Commands whose code lives in their own module (imported when the command runs)."""
+    from autograder import release
+
+    app.command("release")(release.command)
+
+
+_register_feature_commands()
+
+
 def main() -> None:
     try:
         app()
