@@ -335,9 +335,10 @@ def stages() -> None:
 
 def _register_feature_commands() -> None:
     """Commands whose code lives in their own module (imported when the command runs)."""
-    from autograder import release
+    from autograder import gradescope, release
 
     app.command("release")(release.command)
+    app.command("gradescope-zip")(gradescope.command)
 
 
 _register_feature_commands()

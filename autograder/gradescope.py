@@ -1,0 +1,353 @@
+"""Gradescope's autograder: the zip (``gradescope-zip``) and what runs inside it.
+
+The zip holds what Gradescope's contract asks for at its root (``setup.sh``,
+``run_autograder``) and what grading needs: the requirement files, ``scripts/install.sh``
+(the one list of install commands, shared with the Makefile and docker/), the
+``autograder`` and ``reference`` packages (stage specs and drivers live in autograder/),
+the data stages read while grading (``solutions/*/*.txt``) and ``bertlab-gradescope.json``
+(the stages graded and their points).
+
+``run_autograder`` grades ``$ROOT/submission`` into ``$ROOT/results/results.json``, with
+``ROOT`` = ``$BERTLAB_AUTOGRADER_ROOT`` (default ``/autograder``). Whatever happens, a
+valid results file is left there: a fault of the grader gives score 0 and a visible
+"Autograder failed" entry, with the traceback only in the (hidden) stdout.
+
+Visibility. Every test is ``visible``, so a student sees each score before the deadline
+(the point of an autograder); the top-level ``stdout_visibility`` is ``hidden``.
+A public-case test shows its full output, as the notebook's self-check does. A
+hidden-case test shows only its score, how many cases passed and the named mistake with
+its hint (trusted text from the spec): no case labels, errors or values, and the
+submission's own printed output is never shown, since it may print hidden inputs. A
+student therefore cannot read the hidden cases back by submitting again and again.
+(``after_published`` was the alternative: it would hide those scores, and the total,
+until grades are released, leaving students nothing to act on.) The instructor sees
+everything, per case, in the autograder's stdout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from autograder.results import SubmissionResult, TestResult
+
+ROOT_ENV = "BERTLAB_AUTOGRADER_ROOT"
+CONFIG = "bertlab-gradescope.json"
+PROJECT = Path(__file__).resolve().parent.parent
+DEFAULT_ZIP = Path("build/gradescope/autograder.zip")
+# the project files the runtime install needs (scripts/install.sh reads them)
+INSTALL_FILES = ("requirements.txt", "requirements-nodeps.txt", "pyproject.toml", "README.md")
+PACKAGES = ("autograder", "reference")
+HIDDEN_NOTE = (
+    "The inputs, errors and messages of hidden cases are not shown. Run the self-check of "
+    "`{function}` in your notebook: its public cases show each message in full."
+)
+FAILED = (
+    "The autograder failed on this submission. This is a fault in the grader, not in your "
+    "code: please tell your instructor. Your submission is kept and will be graded again."
+)
+
+SETUP_SH = """\
+#!/usr/bin/env bash
+# Gradescope runs this once, when it builds the autograder's image: a venv beside the
+# code, installed by scripts/install.sh (the same commands as `make` and docker/).
+set -euo pipefail
+cd "$(dirname "$0")"
+py=""
+for v in python3.13 python3.12 python3.11; do
+    if command -v "$v" >/dev/null; then py=$v; break; fi
+done
+if [ -z "$py" ]; then  # bertlab needs Python >= 3.11 (pyproject.toml)
+    apt-get update -qq && apt-get install -y -qq python3.11 python3.11-venv
+    py=python3.11
+fi
+"$py" -m venv .venv || { apt-get update -qq && apt-get install -y -qq "$py-venv" && "$py" -m venv .venv; }
+bash scripts/install.sh .venv/bin/python requirements.txt
+"""
+
+RUN_AUTOGRADER = """\
+#!/usr/bin/env bash
+# Gradescope runs this per submission: grade $ROOT/submission into
+# $ROOT/results/results.json. Whatever happens, a valid results.json is left there.
+root="${BERTLAB_AUTOGRADER_ROOT:-/autograder}"
+source_dir="$root/source"
+py="${BERTLAB_PYTHON:-$source_dir/.venv/bin/python}"
+results="$root/results/results.json"
+mkdir -p "$root/results"
+cd "$source_dir" || exit 1
+if ! "$py" -m autograder.gradescope run --root "$root"; then
+    # Python itself could not write one (it failed to start, or was killed)
+    echo "bertlab: the grader exited abnormally; writing a failed results.json"
+    rm -f "$results"
+    cat > "$results" <<'JSON'
+__FALLBACK__
+JSON
+fi
+"""
+
+
+# -- the zip --------------------------------------------------------------------------------
+
+
+def _project_files() -> list[tuple[Path, str]]:
+    """(path on disk, name in the zip) of the code and data grading needs."""
+    files = [(PROJECT / name, name) for name in INSTALL_FILES]
+    files.append((PROJECT / "scripts" / "install.sh", "scripts/install.sh"))
+    for package in PACKAGES:
+        for path in sorted((PROJECT / package).rglob("*")):
+            rel = path.relative_to(PROJECT)
+            if path.is_file() and "__pycache__" not in rel.parts and path.suffix != ".pyc":
+                files.append((path, rel.as_posix()))
+    # data a stage reads while grading (stage 07's corpus), never notebooks or self-check data
+    for path in sorted((PROJECT / "solutions").glob("*/*.txt")):
+        files.append((path, path.relative_to(PROJECT).as_posix()))
+    return files
+
+
+def _config(stages: list[str]) -> dict[str, Any]:
+    from autograder.stages import load_spec
+
+    return {
+        "stages": stages,
+        "max_score": sum(load_spec(s).max_score for s in stages),
+        "device": "cpu",
+    }
+
+
+def _add(zf: zipfile.ZipFile, name: str, data: bytes, executable: bool = False) -> None:
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))  # reproducible bytes
+    info.external_attr = (0o100755 if executable else 0o100644) << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    zf.writestr(info, data)
+
+
+def build_zip(out: Path, stages: list[str] | None = None) -> Path:
+    """Write Gradescope's autograder zip to ``out`` (a directory gets ``autograder.zip``),
+    grading ``stages`` (default: all). Returns the zip's path."""
+    from autograder.stages import stage_ids
+
+    known = stage_ids()
+    for s in stages or []:
+        if s not in known:
+            raise ValueError(f"unknown stage {s!r}; known stages: {', '.join(known)}")
+    chosen = list(stages or known)
+    config = _config(chosen)
+    fallback = failure_results(config["max_score"], 0.0, chosen)
+    out = out / "autograder.zip" if out.is_dir() else out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w") as zf:
+        _add(zf, "setup.sh", SETUP_SH.encode(), executable=True)
+        run = RUN_AUTOGRADER.replace("__FALLBACK__", json.dumps(fallback, indent=2))
+        _add(zf, "run_autograder", run.encode(), executable=True)
+        _add(zf, CONFIG, (json.dumps(config, indent=2) + "\n").encode())
+        for path, name in _project_files():
+            _add(zf, name, path.read_bytes(), executable=os.access(path, os.X_OK))
+    tmp.replace(out)
+    return out
+
+
+# -- inside Gradescope -----------------------------------------------------------------------
+
+
+def failure_results(max_score: float, seconds: float, stages: list[str] | None = None) -> dict[str, Any]:
+    """Score 0 and one visible entry saying the grader (not the student) failed."""
+    return {
+        "score": 0,
+        "output": FAILED,
+        "stdout_visibility": "hidden",
+        "execution_time": round(seconds, 3),
+        "tests": [
+            {
+                "name": "Autograder failed",
+                "number": "0.1",
+                "score": 0,
+                "max_score": max_score or 1,
+                "status": "failed",
+                "output": FAILED,
+                "tags": [f"stage:{s}" for s in stages or []],
+                "visibility": "visible",
+            }
+        ],
+    }
+
+
+def locate_submission(folder: Path, stages: list[str]) -> Path:
+    """The folder holding the stage files: the upload itself, or (breadth first) the
+    folder a student zipped. Links are not followed; macOS' ``__MACOSX`` is skipped."""
+    from autograder.load import LoadError, find_stage_file
+
+    def holds(d: Path) -> bool:
+        for s in stages:
+            try:
+                if find_stage_file(d, s) is not None:
+                    return True
+            except LoadError:
+                return True  # graded there, so the student reads why it cannot be
+        return False
+
+    level = [folder]
+    for _ in range(4):
+        for d in level:
+            if holds(d):
+                return d
+        level = [
+            sub
+            for d in level
+            for sub in sorted(d.iterdir())
+            if sub.is_dir() and not sub.is_symlink() and not sub.name.startswith((".", "__MACOSX"))
+        ]
+    return folder
+
+
+def _hidden_output(t: TestResult, hints: dict[str, str]) -> str:
+    from autograder.report import escape
+
+    passed = sum(c.passed for c in t.cases)
+    lines = [f"{passed}/{len(t.cases)} hidden cases passed; {t.score:g}/{t.max_score:g} points."]
+    if not t.passed:
+        lines += [f"likely mistake [{m}]: {hints.get(m, '')}" for m in t.misconceptions]
+        lines.append(HIDDEN_NOTE.format(function=t.function))
+    return escape("\n".join(lines))
+
+
+def student_view(result: SubmissionResult) -> dict[str, Any]:
+    """``report.to_gradescope`` with the visibility policy of this module's docstring."""
+    from autograder.report import to_gradescope
+    from autograder.stages import load_spec
+
+    quiet = dataclasses.replace(result, stages=[dataclasses.replace(s, stdout="") for s in result.stages])
+    data = to_gradescope(quiet)
+    if any(s.stdout.strip() for s in result.stages):
+        data["output"] += (
+            "\nWhat your code printed is not shown here (it ran on hidden inputs); "
+            "run your notebook to see it."
+        )
+    flat = [(s.stage, t) for s in result.stages for t in s.tests]
+    for entry, (stage, t) in zip(data["tests"], flat, strict=True):
+        entry["visibility"] = "visible"
+        entry["tags"].append("hidden" if t.hidden else "public")
+        if t.hidden:
+            entry["output"] = _hidden_output(t, dict(load_spec(stage).misconceptions))
+    return data
+
+
+def _write(data: dict[str, Any], path: Path) -> None:
+    """Atomically, replacing whatever is there (a file the submission may have planted)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _student_name(root: Path) -> str:
+    try:
+        users = json.loads((root / "submission_metadata.json").read_text())["users"]
+        return ", ".join(u["name"] for u in users) or "submission"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "submission"
+
+
+def run(root: Path) -> int:
+    """Grade ``root/submission`` into ``root/results/results.json``. Returns 0 when a valid
+    results file was written (a grader fault included), 1 when not even that worked."""
+    t0 = time.monotonic()
+    results = root / "results" / "results.json"
+    config: dict[str, Any] = {}
+    try:
+        config = json.loads((PROJECT / CONFIG).read_text())
+        from autograder.stages import stage_ids
+
+        stages = list(config["stages"])
+        unknown = sorted(set(stages) - set(stage_ids()))
+        if unknown:  # checked before torch loads: a zip out of step with its code fails fast
+            raise ValueError(f"{CONFIG} names stages this code does not have: {', '.join(unknown)}")
+        from autograder.grade import Grader
+        from autograder.report import test_table, to_gradescope
+
+        submission = locate_submission(root / "submission", stages)
+        with Grader(device=config.get("device", "cpu")) as grader:
+            result = grader.grade(submission, stages, student=_student_name(root))
+        data = student_view(result)
+        data["execution_time"] = round(time.monotonic() - t0, 3)
+        _write(data, results)
+        # stdout is hidden from students: the instructor's full view, per case
+        print(f"bertlab from {PROJECT}")
+        print(f"graded {submission} on {', '.join(stages)}: {result.score:g}/{result.max_score:g}")
+        full = to_gradescope(result)
+        print(full["output"])
+        for entry in full["tests"]:
+            print(f"\n== {entry['number']} {entry['name']}: {entry['score']:g}/{entry['max_score']:g}")
+            print(entry["output"])
+        from rich.console import Console
+
+        Console(width=160).print(test_table(result))
+        return 0
+    except BaseException:  # a grader fault (or a kill by Gradescope's timeout): say so, score 0
+        print("bertlab: the autograder failed:", flush=True)
+        traceback.print_exc(file=sys.stdout)
+        try:
+            _write(
+                failure_results(config.get("max_score", 0), time.monotonic() - t0, config.get("stages")),
+                results,
+            )
+            return 0
+        except BaseException:
+            traceback.print_exc(file=sys.stdout)
+            return 1
+
+
+def main(argv: list[str]) -> int:
+    """``python -m autograder.gradescope run [--root ROOT]`` (what ``run_autograder`` calls)."""
+    root = Path(os.environ.get(ROOT_ENV, "/autograder"))
+    if argv[:1] != ["run"]:
+        print("usage: python -m autograder.gradescope run [--root ROOT]", file=sys.stderr)
+        return 2
+    if "--root" in argv:
+        root = Path(argv[argv.index("--root") + 1])
+    return run(root)
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def command(
+    out: Annotated[
+        Path, typer.Option(help="The zip to write (a directory gets autograder.zip).")
+    ] = DEFAULT_ZIP,
+    stage: Annotated[
+        list[str] | None,
+        typer.Option("--stage", "-s", help="Stage id(s) this Gradescope assignment grades; default: all."),
+    ] = None,
+) -> None:
+    """Build Gradescope's autograder zip (setup.sh, run_autograder, requirements, the
+    reference and hidden cases): upload it as the assignment's autograder."""
+    try:
+        path = build_zip(out, stage)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    with zipfile.ZipFile(path) as zf:
+        config = json.loads(zf.read(CONFIG))
+        n = len(zf.namelist())
+    typer.echo(
+        f"{path}: {n} files, {path.stat().st_size / 1e6:.1f} MB; grades "
+        f"{', '.join(config['stages'])} for {config['max_score']:g} points "
+        "(set the assignment's autograder points to match)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,272 @@
+"""Gradescope's autograder zip, run as Gradescope runs it, and the TAs' Docker entry point.
+
+The real ``run_autograder`` (bash) runs on a temporary directory standing in for
+``/autograder`` (``BERTLAB_AUTOGRADER_ROOT``), with this venv's python instead of the
+one setup.sh would build. All the grading runs start at once (each pays seconds of
+start-up, mostly waiting); the tests then read what each left behind.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from autograder.gradescope import CONFIG, build_zip, locate_submission
+from tests.support import ROOT, assert_gradescope_results
+
+STAGE = "01_attention"
+EXAMPLES = ROOT / "examples" / "class"
+HOSTILE = """\
+import json, os, sys
+results = {results!r}
+try:  # plant a perfect score where Gradescope reads the grade
+    os.makedirs(os.path.dirname(results), exist_ok=True)
+    with open(results, "w") as f:
+        json.dump({{"score": 987654, "tests": []}}, f)
+except OSError as exc:
+    print("could not write", exc)
+print('{{"score": 987654}}')
+sys.exit(0)
+"""
+
+
+def _autograder(tmp: Path, zip_path: Path, name: str) -> Path:
+    """``<tmp>/<name>``: an /autograder with the zip unpacked in source/, an empty submission/."""
+    root = tmp / name
+    with zipfile.ZipFile(zip_path) as zf:
+        zf.extractall(root / "source")
+    for script in ("run_autograder", "setup.sh"):
+        (root / "source" / script).chmod(0o755)  # zipfile drops the mode; Gradescope keeps it
+    (root / "submission").mkdir()
+    return root
+
+
+def _start(root: Path, python: str = sys.executable) -> subprocess.Popen:
+    env = {**os.environ, "BERTLAB_AUTOGRADER_ROOT": str(root), "BERTLAB_PYTHON": python}
+    return subprocess.Popen(
+        ["bash", str(root / "source" / "run_autograder")],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gradescope")
+    zip_path = build_zip(tmp / "autograder.zip", [STAGE])
+    roots = {name: _autograder(tmp, zip_path, name) for name in ("correct", "broken", "empty", "hostile")}
+    roots.update({name: _autograder(tmp, zip_path, name) for name in ("crash", "no_python")})
+    # a student who zipped a folder: the files one level down
+    nested = roots["correct"] / "submission" / "ada_hw1"
+    nested.mkdir()
+    shutil.copy(EXAMPLES / "ada_correct_matmul" / f"{STAGE}.py", nested)
+    shutil.copy(EXAMPLES / "carol_scale_by_d" / f"{STAGE}.py", roots["broken"] / "submission")
+    results = roots["hostile"] / "results" / "results.json"
+    (roots["hostile"] / "submission" / f"{STAGE}.py").write_text(HOSTILE.format(results=str(results)))
+    (roots["crash"] / "source" / CONFIG).write_text('{"stages": ["99_no_such_stage"], "max_score": 17}')
+    shutil.copy(EXAMPLES / "ada_correct_matmul" / f"{STAGE}.py", roots["crash"] / "submission")
+    # the TAs' entry point, outside Docker: /submissions and /out relocated
+    subs, out = tmp / "submissions", tmp / "out"
+    for student, example in (("ada", "ada_correct_matmul"), ("carol", "carol_scale_by_d")):
+        (subs / student).mkdir(parents=True)
+        shutil.copy(EXAMPLES / example / f"{STAGE}.py", subs / student)
+    docker = subprocess.Popen(
+        [
+            "bash",
+            str(ROOT / "docker" / "entrypoint.sh"),
+            "batch",
+            str(subs),
+            "--stage",
+            STAGE,
+            "--workers",
+            "1",
+        ],
+        cwd=tmp,
+        env={**os.environ, "BERTLAB_OUT": str(out), "BERTLAB_PYTHON": sys.executable, "COLUMNS": "200"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    procs = {name: _start(root) for name, root in roots.items() if name != "no_python"}
+    procs["no_python"] = _start(roots["no_python"], python=str(tmp / "no-such-python"))
+    done = {}
+    for name, proc in procs.items():
+        stdout, _ = proc.communicate(timeout=300)
+        path = roots[name] / "results" / "results.json"
+        done[name] = {
+            "rc": proc.returncode,
+            "stdout": stdout,
+            "results": json.loads(path.read_text()) if path.exists() else None,
+            "root": roots[name],
+        }
+    stdout, _ = docker.communicate(timeout=300)
+    done["docker"] = {"rc": docker.returncode, "stdout": stdout, "out": out}
+    done["zip"] = zip_path
+    return done
+
+
+def _tests(results: dict) -> dict[str, dict]:
+    return {t["name"]: t for t in results["tests"]}
+
+
+def test_correct_submission_in_a_folder_scores_full_marks(runs):
+    r = runs["correct"]
+    assert r["rc"] == 0, r["stdout"]
+    data = r["results"]
+    assert_gradescope_results(data, 17.0, 15)
+    assert data["score"] == 17.0
+    assert data["stdout_visibility"] == "hidden"
+    assert isinstance(data["execution_time"], float) and data["execution_time"] > 0
+    assert all(t["visibility"] == "visible" and t["status"] == "passed" for t in data["tests"])
+    assert [t["number"] for t in data["tests"]] == [f"1.{i}" for i in range(1, 16)]
+    # the code that graded is the zip's, not this checkout's
+    assert f"bertlab from {r['root'] / 'source'}" in r["stdout"]
+
+
+def test_wrong_submission_names_the_mistake_without_showing_hidden_cases(runs):
+    data = runs["broken"]["results"]
+    assert_gradescope_results(data, 17.0, 15)
+    assert 0 < data["score"] < 17
+    failed = [t for t in data["tests"] if t["status"] == "failed"]
+    assert failed and all("misconception:scale-by-d" in t["tags"] for t in failed), failed
+    hidden = [t for t in failed if "hidden" in t["tags"]]
+    public = [t for t in failed if "public" in t["tags"]]
+    assert hidden and public
+    for t in hidden:  # score, counts and the named mistake; no case labels, errors or values
+        assert "hidden cases passed" in t["output"] and "likely mistake [scale-by-d]" in t["output"]
+        assert "✗" not in t["output"] and "max abs error" not in t["output"], t["output"]
+    assert any("✗" in t["output"] for t in public)  # public cases: in full, as in the self-check
+    # the instructor sees each hidden case's message in the (hidden) stdout
+    for t in hidden:
+        shown = runs["broken"]["stdout"].split(t["name"], 1)[1].split("\n== ", 1)[0]
+        assert "✗" in shown, shown
+
+
+def test_empty_submission_scores_zero_with_every_test(runs):
+    data = runs["empty"]["results"]
+    assert runs["empty"]["rc"] == 0
+    assert_gradescope_results(data, 17.0, 15)
+    assert data["score"] == 0
+    assert "no file" in data["output"]
+
+
+def test_hostile_submission_cannot_plant_its_grade(runs):
+    r = runs["hostile"]
+    assert r["rc"] == 0, r["stdout"]
+    data = r["results"]
+    assert_gradescope_results(data, 17.0, 15)
+    assert data["score"] == 0
+    assert "987654" not in json.dumps(data)  # neither the planted file nor the printed JSON
+
+
+def test_a_grader_crash_still_writes_a_valid_failed_results_file(runs):
+    for name in ("crash", "no_python"):  # a fault in Python; Python that cannot even start
+        r = runs[name]
+        assert r["rc"] == 0, r["stdout"]
+        data = r["results"]
+        assert_gradescope_results(data, 17, 1)
+        assert data["score"] == 0
+        (entry,) = data["tests"]
+        assert entry["name"] == "Autograder failed" and entry["visibility"] == "visible"
+        assert "not in your code" in entry["output"]
+        assert "Traceback" not in json.dumps(data)  # for the instructor's eyes: stdout only
+    assert "Traceback" in runs["crash"]["stdout"] and "99_no_such_stage" in runs["crash"]["stdout"]
+
+
+def test_zip_holds_what_gradescope_and_grading_need(runs):
+    with zipfile.ZipFile(runs["zip"]) as zf:
+        names = set(zf.namelist())
+        assert {"setup.sh", "run_autograder", CONFIG, "scripts/install.sh", "pyproject.toml"} <= names
+        for req in ("requirements.txt", "requirements-nodeps.txt"):  # the repo's, byte for byte
+            assert zf.read(req) == (ROOT / req).read_bytes()
+        assert f"autograder/stages/{STAGE}.py" in names and f"reference/{STAGE}.py" in names
+        assert "solutions/07_bert_pretraining/corpus.txt" in names  # stage 07 reads it while grading
+        assert not any(n.endswith((".ipynb", ".pyc")) or "__pycache__" in n for n in names)
+        assert json.loads(zf.read(CONFIG)) == {"stages": [STAGE], "max_score": 17, "device": "cpu"}
+        for script in ("setup.sh", "run_autograder"):
+            assert zf.getinfo(script).external_attr >> 16 & 0o111, f"{script} is not executable"
+        setup = zf.read("setup.sh").decode()
+    # setup.sh installs with the Makefile's one script, on the runtime requirements
+    assert _install_calls(setup) == [("scripts/install.sh", ".venv/bin/python", "requirements.txt")]
+    assert "pip install" not in setup
+    # reproducible: the same checkout gives the same bytes (one upload per change, not per build)
+    one, two = (build_zip(runs["zip"].parent / f"again{i}.zip", [STAGE]) for i in (1, 2))
+    assert one.read_bytes() == two.read_bytes()
+
+
+def _install_calls(text: str) -> list[tuple[str, ...]]:
+    """Every ``bash scripts/install.sh PYTHON REQUIREMENTS`` in a script, Makefile or Dockerfile."""
+    return [tuple(m) for m in re.findall(r"bash (scripts/install\.sh) (\S+) (\S+)", text)]
+
+
+def test_makefile_dockerfile_and_setup_install_with_one_script():
+    makefile = (ROOT / "Makefile").read_text()
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    assert _install_calls(makefile) == [("scripts/install.sh", "$(BIN)/python", "requirements-dev.txt")]
+    assert _install_calls(dockerfile) == [("scripts/install.sh", "/opt/venv/bin/python", "requirements.txt")]
+    for text in (makefile, dockerfile):  # no second list of install commands to drift
+        assert "pip install" not in text
+    # the dev requirements are the runtime ones plus tools, so the images grade as make's venv does
+    assert (ROOT / "requirements-dev.txt").read_text().splitlines()[1] == "-r requirements.txt"
+    install = (ROOT / "scripts" / "install.sh").read_text()
+    assert '-r "$req"' in install and "--no-deps -r requirements-nodeps.txt" in install
+    # the Dockerfile copies every file install.sh reads before running it
+    copied = " ".join(line for line in dockerfile.splitlines() if line.startswith("COPY"))
+    for needed in (
+        "requirements.txt",
+        "requirements-nodeps.txt",
+        "pyproject.toml",
+        "README.md",
+        "scripts/install.sh",
+    ):
+        assert needed in copied.split(), needed
+    assert dockerfile.index("scripts/install.sh scripts/install.sh") < dockerfile.index(
+        "bash scripts/install.sh"
+    )
+    entry = [line for line in dockerfile.splitlines() if line.startswith("ENTRYPOINT")]
+    assert entry == ['ENTRYPOINT ["bash", "/usr/local/bin/bertlab-entrypoint"]']
+
+
+def test_runtime_requirements_can_build_the_project_without_isolation():
+    # install.sh builds the project with --no-build-isolation: its build backend must come
+    # from the requirements the images install, or Docker and Gradescope cannot install it
+    runtime = (ROOT / "requirements.txt").read_text()
+    assert re.search(r"^setuptools==", runtime, re.M)
+
+
+def test_docker_entrypoint_grades_a_class_into_out(runs):
+    r = runs["docker"]
+    assert r["rc"] == 0, r["stdout"]
+    out = r["out"]
+    with sqlite3.connect(out / "bertlab-gradebook.sqlite") as db:
+        grades = dict(db.execute("SELECT student, score FROM grades WHERE stage = ?", (STAGE,)))
+    assert grades == {"ada": 17, "carol": 8}  # examples/class/README.md
+    with open(out / "grades.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {row["student"] for row in rows} == {"ada", "carol"}
+
+
+def test_locate_submission_finds_the_zipped_folder(tmp_path):
+    sub = tmp_path / "submission"
+    (sub / "__MACOSX" / "hw").mkdir(parents=True)
+    (sub / "__MACOSX" / "hw" / f"{STAGE}.py").write_text("")
+    (sub / "hw" / "deeper").mkdir(parents=True)
+    assert locate_submission(sub, [STAGE]) == sub  # nothing anywhere: the upload itself
+    (sub / "hw" / STAGE).mkdir()
+    (sub / "hw" / STAGE / f"{STAGE}.py").write_text("")  # nbgrader's stage folder, zipped
+    assert locate_submission(sub, [STAGE]) == sub / "hw"
+    (sub / f"{STAGE}.ipynb").write_text("{}")
+    assert locate_submission(sub, [STAGE]) == sub
