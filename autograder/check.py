@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from autograder.compare import compare, matches
-from autograder.results import CaseResult
+from autograder.results import CaseResult, KeptArrays
 from autograder.spec import Tolerance
 
 Item = tuple[str, Tensor | None, Mapping[str, str]]  # (kind, plain tensor, facts) per output
@@ -91,12 +91,16 @@ def check_case(
     items: Sequence[Item],
     exp: Expectation,
     hints: Mapping[str, str],
+    keep: bool = False,
 ) -> CaseResult:
+    """The verdict on one case. With ``keep``, a failing result also carries a small 2-D
+    window of each wrong output's values and the expected ones (``CaseResult.arrays``)."""
     if status != "ok":
         return CaseResult(label, False, failure_message(exp.name, exp.signature, status, info))
     problems: list[str] = []
     errors: list[float] = []
     got: list[Tensor | None] = []
+    wrong: list[tuple[str, Tensor, Tensor, Tensor | None]] = []  # for keep
     kinds = [exp.returns] * len(exp.outputs) if isinstance(exp.returns, str) else list(exp.returns)
     for out_name, expected_kind, (kind, tensor, facts), want, region in zip(
         exp.outputs, kinds, items, exp.values, exp.regions, strict=True
@@ -117,6 +121,7 @@ def check_case(
         cmp = compare(tensor, want, exp.tolerance, region)
         if not cmp.ok:
             problems.append(prefix + cmp.message)
+            wrong.append((out_name, tensor, want, region))
         elif cmp.max_abs is not None:
             errors.append(cmp.max_abs)
     if not problems:
@@ -133,4 +138,67 @@ def check_case(
     message = "; ".join(problems)
     for mid in found:
         message += f"\n    likely mistake [{mid}]: {hints.get(mid, '')}"
-    return CaseResult(label, False, message, found)
+    result = CaseResult(label, False, message, found)
+    if keep:
+        kept = (window(n, g, w, r) for n, g, w, r in wrong)
+        result.arrays = tuple(k for k in kept if k is not None)
+    return result
+
+
+def _bounds(centre: int, size: int, side: int) -> tuple[int, int]:
+    start = min(max(centre - side // 2, 0), max(size - side, 0))
+    return start, min(start + side, size)
+
+
+def window(
+    name: str, got: Tensor, expected: Tensor, region: Tensor | None = None, side: int = 64
+) -> KeptArrays | None:
+    """At most ``side`` x ``side`` values of ``got`` and ``expected`` around their largest
+    difference: the matrix (last two dims) that holds it, cropped; a vector is one row.
+    Matrices of another shape (e.g. transposed) keep the first matrix of each, top-left.
+    None when there is no picture to draw (a single value, complex, other ranks)."""
+    got, expected = got.detach().cpu(), expected.detach().cpu()
+    if got.numel() < 2 or expected.numel() < 2 or got.is_complex() or expected.is_complex():
+        return None
+    if got.shape != expected.shape:
+        if got.dim() != expected.dim() or got.dim() < 2 or got.shape[:-2] != expected.shape[:-2]:
+            return None
+        first = (0,) * (got.dim() - 2)
+        g, e = got[first][:side, :side], expected[first][:side, :side]
+        idx = ", ".join([*(str(i) for i in first), ":", ":"])
+        return KeptArrays(
+            output=name,
+            where=f"{name}[{idx}]: yours is {tuple(got.shape[-2:])}, expected {tuple(expected.shape[-2:])}",
+            got=g.float().numpy().copy(),
+            expected=e.float().numpy().copy(),
+            graded=torch.ones(e.shape, dtype=torch.bool).numpy(),
+        )
+    g, e = got.double(), expected.double()
+    keep = torch.ones(e.shape, dtype=torch.bool) if region is None else region.cpu().bool().expand(e.shape)
+    err = torch.nan_to_num((g - e).abs(), nan=float("inf"))  # a NaN where a number belongs is worst
+    err = torch.where(keep, err, torch.zeros((), dtype=torch.float64))
+    flat = int(err.flatten().argmax())
+    at: list[int] = []
+    for size in reversed(e.shape):
+        at.insert(0, flat % size)
+        flat //= size
+    if e.dim() == 1:
+        g, e, keep, at = g[None], e[None], keep[None], [0, *at]
+    lead = tuple(at[:-2])
+    g, e, keep = g[lead], e[lead], keep[lead]  # (rows, cols)
+    r0, r1 = _bounds(at[-2], g.shape[0], side)
+    c0, c1 = _bounds(at[-1], g.shape[1], side)
+    idx = ", ".join([*(str(i) for i in lead), ":", ":"]) if got.dim() > 1 else ":"
+    where = f"{name}[{idx}]"
+    if (r1 - r0, c1 - c0) != tuple(g.shape):
+        rows = f"rows {r0}-{r1 - 1}, " if got.dim() > 1 else ""
+        where += f", {rows}{'columns' if rows else 'values'} {c0}-{c1 - 1}"
+    return KeptArrays(
+        output=name,
+        where=where,
+        got=g[r0:r1, c0:c1].float().numpy().copy(),
+        expected=e[r0:r1, c0:c1].float().numpy().copy(),
+        graded=keep[r0:r1, c0:c1].numpy().copy(),
+        row0=r0,
+        col0=c0,
+    )

@@ -335,8 +335,9 @@ def stages() -> None:
 
 def _register_feature_commands() -> None:
     """Commands whose code lives in their own module (imported when the command runs)."""
-    from autograder import gradescope, release
+    from autograder import feedback, gradescope, release
 
+    app.command("feedback")(feedback.command)
     app.command("release")(release.command)
     app.command("gradescope-zip")(gradescope.command)
 

@@ -222,8 +222,10 @@ def score_stage(
     failure: str | None = None,
     stdout: str = "",
     lost: dict[str, str] | None = None,
+    keep_arrays: bool = False,
 ) -> StageResult:
-    """Turn call outcomes into test results. ``failure`` (a load problem) fails every case."""
+    """Turn call outcomes into test results. ``failure`` (a load problem) fails every case.
+    ``keep_arrays``: failing cases keep small windows of their wrong outputs (for pictures)."""
     spec = plan.spec
     by_test: dict[tuple[str, str], list[tuple[PlannedCase, CaseResult]]] = {}
     forbidden: dict[str, str] = {}
@@ -232,7 +234,9 @@ def score_stage(
             result = CaseResult(pc.label, False, "not run")  # the reason heads the test's output
         else:
             o = outcomes[pc.index]
-            result = check_case(pc.label, o.status, o.info, o.outputs, pc.expectation, spec.misconceptions)
+            result = check_case(
+                pc.label, o.status, o.info, o.outputs, pc.expectation, spec.misconceptions, keep_arrays
+            )
             if o.status == "missing" and lost and pc.graded.name in lost:
                 result.message += " " + lost[pc.graded.name]
             if o.status == "forbidden" and pc.graded.name not in forbidden:
@@ -281,13 +285,16 @@ def score_stage(
 class Grader:
     """Grades submissions; holds the fork server and the per-stage expected values."""
 
-    def __init__(self, device: str = "cpu", limits: Limits | None = None) -> None:
+    def __init__(self, device: str = "cpu", limits: Limits | None = None, keep_arrays: bool = False) -> None:
+        """``keep_arrays``: failing cases keep small 2-D windows of the student's and the
+        expected values (``CaseResult.arrays``, for the HTML feedback's pictures)."""
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError("--device cuda was asked for, but torch sees no CUDA device here")
         self.device = device
         self.limits = limits or Limits()
+        self.keep_arrays = keep_arrays
         self._plans: dict[str, StagePlan] = {}
         self._server: ForkServer | None = None
 
@@ -367,6 +374,7 @@ class Grader:
             part_notes + _cell_notes(source, report),
             stdout=report.stdout,
             lost=_lost_names(plan.spec, source, report),
+            keep_arrays=self.keep_arrays,
         )
 
     def _parts(self, submission: Path, path: Path, spec: StageSpec) -> tuple[dict[str, Cells], list[str]]:

@@ -3,6 +3,29 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+@dataclass(frozen=True)
+class KeptArrays:
+    """A 2-D window of one wrong output, for the HTML feedback's pictures.
+
+    At most 64 x 64 values (``check.window``) around the largest error: the matrix of the
+    leading dimensions that holds it, cropped. Kept only when the grader is asked to
+    (``Grader(keep_arrays=True)``); never written to results.json or the gradebook.
+    """
+
+    output: str  # the output's name, e.g. "weights"
+    where: str  # which values these are, e.g. "weights[1, 0, :, :], rows 0-7, columns 0-7"
+    got: np.ndarray  # float32 (rows, cols), the student's values
+    expected: np.ndarray  # float32 (rows, cols); another shape than got's only when the
+    # student's output had another shape (then no error is drawn)
+    graded: np.ndarray  # bool (rows, cols): False where the values are not graded
+    row0: int = 0  # index of the window's first row and column in the slice
+    col0: int = 0
 
 
 @dataclass
@@ -11,6 +34,10 @@ class CaseResult:
     passed: bool
     message: str
     misconceptions: list[str] = field(default_factory=list)
+    # The failing outputs' values (tuple[KeptArrays, ...]), set on the instance by
+    # check_case(..., keep=True) only. Deliberately not a dataclass field (no annotation):
+    # dataclasses.asdict, hence the gradebook and test snapshots, never see it.
+    arrays = ()
 
 
 @dataclass

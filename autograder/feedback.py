@@ -1,0 +1,426 @@
+"""Feedback a student can act on: one self-contained HTML page per student.
+
+Per stage and test: the score, each case's message, the named mistake with its hint in a
+callout, and for a wrong tensor a picture (the student's values, the expected ones and
+the error, as heatmaps drawn from ``CaseResult.arrays``, which ``Grader(keep_arrays=True)``
+keeps). Every text that may come from the student is escaped; the page runs no script.
+
+    python -m autograder feedback SUBMISSION... --out DIR   # DIR/<student>/feedback.html
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from autograder.report import escape
+from autograder.results import CaseResult, KeptArrays, StageResult, SubmissionResult, TestResult
+
+# (stage id, test number, case label): the key of one case's picture
+CaseKey = tuple[str, str, str]
+HINT_MARK = "\n    likely mistake ["  # how check_case appends a named mistake to a message
+
+
+def _t(text: str, limit: int = 4000) -> str:
+    """Student-produced text made safe for HTML: no control characters, bounded, escaped."""
+    return html.escape(escape(str(text), limit), quote=True)
+
+
+# -- pictures -------------------------------------------------------------------------------
+
+
+def _panel(ax, values: np.ndarray, title: str, cmap, vmin: float, vmax: float, r0: int, c0: int):
+    rows, cols = values.shape
+    extent = (c0 - 0.5, c0 + cols - 0.5, r0 + rows - 0.5, r0 - 0.5)
+    image = ax.imshow(
+        np.ma.masked_invalid(values),
+        cmap=cmap,
+        vmin=vmin,
+        vmax=vmax,
+        extent=extent,
+        # square cells, so a transposed matrix looks transposed; long strips fill the panel
+        aspect="equal" if max(rows, cols) <= 4 * min(rows, cols) else "auto",
+        interpolation="nearest",
+    )
+    ax.set_title(title, fontsize=10)
+    ax.tick_params(labelsize=7)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    if rows * cols <= 64:  # small enough to read the numbers themselves
+        for i in range(rows):
+            for j in range(cols):
+                v = values[i, j]
+                text = "—" if not np.isfinite(v) else f"{v:.2g}"
+                r, g, b, _ = image.cmap(image.norm(v)) if np.isfinite(v) else image.cmap.get_bad()
+                color = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
+                ax.text(c0 + j, r0 + i, text, ha="center", va="center", fontsize=6.5, color=color)
+    return image
+
+
+def _limits(*arrays: np.ndarray) -> tuple[float, float]:
+    finite = np.concatenate([a[np.isfinite(a)].ravel() for a in arrays])
+    if finite.size == 0:
+        return 0.0, 1.0
+    lo, hi = float(finite.min()), float(finite.max())
+    return (lo, hi) if hi > lo else (lo - 0.5, hi + 0.5)
+
+
+def draw(arrays: tuple[KeptArrays, ...] | list[KeptArrays], dpi: int = 90) -> str:
+    """One PNG (a data URI) for one case: per wrong output a row of three heatmaps."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+
+    rows = len(arrays)
+    heights = [min(max(a.expected.shape[0] / max(a.expected.shape[1], 1), 0.2), 1.0) for a in arrays]
+    fig = Figure(figsize=(10.5, 0.9 + sum(0.6 + 2.6 * h for h in heights)), dpi=dpi, layout="constrained")
+    grid = fig.add_gridspec(rows, 3, height_ratios=[0.6 + 2.6 * h for h in heights])
+    values_map = colormaps["viridis"].with_extremes(bad="#d0d0d0")
+    error_map = colormaps["magma_r"].with_extremes(bad="#d0d0d0")
+    for row, a in enumerate(arrays):
+        got, expected = a.got.astype(np.float64), a.expected.astype(np.float64)
+        lo, hi = _limits(got, expected)
+        axes = [fig.add_subplot(grid[row, col]) for col in range(3)]
+        bad = int((~np.isfinite(got)).sum())
+        yours = f"yours: {a.output}" + (f" ({bad} NaN/inf, grey)" if bad else "")
+        image = _panel(axes[0], got, yours, values_map, lo, hi, a.row0, a.col0)
+        _panel(axes[1], expected, f"expected: {a.output}", values_map, lo, hi, a.row0, a.col0)
+        fig.colorbar(image, ax=axes[:2], shrink=0.9, pad=0.01)
+        if got.shape == expected.shape:
+            error = np.abs(got - expected)
+            error[~np.isfinite(got) & a.graded] = np.inf  # NaN/inf where a number belongs
+            finite = error[np.isfinite(error) & a.graded]
+            top = float(finite.max()) if finite.size else 1.0
+            error = np.where(np.isinf(error), top, error)
+            error[~a.graded] = np.nan  # not graded: grey
+            title = "|yours − expected|" + ("" if a.graded.all() else " (grey: not graded)")
+            image = _panel(axes[2], error, title, error_map, 0.0, top or 1.0, a.row0, a.col0)
+            fig.colorbar(image, ax=axes[2], shrink=0.9, pad=0.01)
+        else:
+            axes[2].axis("off")
+            axes[2].text(
+                0.5,
+                0.5,
+                f"shapes differ:\nyours {got.shape[0]}×{got.shape[1]},\nexpected "
+                f"{expected.shape[0]}×{expected.shape[1]}",
+                ha="center",
+                va="center",
+                fontsize=11,
+                transform=axes[2].transAxes,
+            )
+        axes[0].set_ylabel(a.where if len(a.where) <= 40 else a.output, fontsize=8)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def draw_pictures(result: SubmissionResult, hidden: bool = False) -> dict[CaseKey, str]:
+    """A picture for every failing case that kept arrays (``Grader(keep_arrays=True)``).
+    Cases of hidden tests get none unless ``hidden``: a picture shows expected values, and
+    hidden cases stay hidden (as in the Gradescope results)."""
+    pictures = {}
+    for stage in result.stages:
+        for t in stage.tests:
+            if t.hidden and not hidden:
+                continue
+            for c in t.cases:
+                if not c.passed and c.arrays:
+                    pictures[(stage.stage, t.number, c.label)] = draw(c.arrays)
+    return pictures
+
+
+# -- the page -------------------------------------------------------------------------------
+
+STYLE = """
+:root { --ok: #1a7f37; --part: #9a6700; --bad: #cf222e; --line: #d0d7de; --muted: #57606a; }
+* { box-sizing: border-box; }
+body { font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1f2328;
+       margin: 0; background: #f6f8fa; }
+main { max-width: 1100px; margin: 0 auto; padding: 24px; }
+h1 { margin: 0 0 4px; font-size: 26px; } h2 { margin: 0; font-size: 20px; }
+h3 { margin: 0; font-size: 16px; font-weight: 600; }
+header, section.stage { background: #fff; border: 1px solid var(--line); border-radius: 8px;
+       padding: 16px 20px; margin-bottom: 20px; }
+.badge { display: inline-block; min-width: 64px; text-align: center; padding: 1px 10px;
+         border-radius: 999px; font-weight: 600; font-size: 13px; color: #fff; white-space: nowrap; }
+.badge.pass { background: var(--ok); } .badge.partial { background: var(--part); }
+.badge.fail { background: var(--bad); }
+.tag { font-size: 12px; color: var(--muted); border: 1px solid var(--line); border-radius: 4px;
+       padding: 0 6px; margin-left: 6px; font-weight: normal; }
+table.summary { border-collapse: collapse; margin-top: 12px; }
+table.summary td, table.summary th { padding: 4px 14px 4px 0; text-align: left; }
+.stage-head { display: flex; align-items: center; gap: 12px; flex-wrap: wrap; }
+.muted { color: var(--muted); }
+article.test { border-top: 1px solid var(--line); padding: 12px 0 4px; }
+article.test > .head { display: flex; align-items: center; gap: 10px; flex-wrap: wrap; }
+.callout { border-left: 4px solid; border-radius: 4px; padding: 8px 12px; margin: 10px 0; }
+.callout.hint { border-color: #0969da; background: #ddf4ff; }
+.callout.note { border-color: var(--part); background: #fff8c5; }
+.callout.problem { border-color: var(--bad); background: #ffebe9; }
+.callout p { margin: 4px 0 0; } .callout ul { margin: 4px 0 0; padding-left: 20px; }
+ol.cases { list-style: none; padding: 0; margin: 8px 0; }
+ol.cases li { margin: 6px 0; }
+.mark { display: inline-block; width: 1.4em; font-weight: 700; }
+li.pass .mark { color: var(--ok); } li.fail .mark { color: var(--bad); }
+pre { white-space: pre-wrap; overflow-wrap: anywhere; margin: 4px 0 4px 1.4em;
+      font: 13px/1.45 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace;
+      background: #f6f8fa; border: 1px solid var(--line); border-radius: 6px; padding: 6px 10px; }
+code { font: 13px ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
+figure { margin: 6px 0 10px 1.4em; }
+figure img { max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px;
+             background: #fff; }
+figcaption { font-size: 13px; color: var(--muted); }
+details > summary { cursor: pointer; color: var(--muted); }
+a { color: #0969da; }
+"""
+
+
+# No script, no fetch: the page shows only itself, even if something slipped through.
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+
+def _badge(score: float, max_score: float) -> str:
+    kind = "pass" if score >= max_score else ("partial" if score > 0 else "fail")
+    return f'<span class="badge {kind}">{score:g} / {max_score:g}</span>'
+
+
+def _anchor(stage: str) -> str:
+    return "stage-" + "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in stage)
+
+
+def _hints(stage: str) -> Mapping[str, str]:
+    from autograder.stages import load_spec
+
+    try:
+        return load_spec(stage).misconceptions
+    except (ImportError, KeyError, ValueError):  # an unknown stage id: its cases carry the hints
+        return {}
+
+
+def _split(message: str) -> tuple[str, dict[str, str]]:
+    """A case message without its "likely mistake [id]: hint" lines, and those hints."""
+    head, *named = message.split(HINT_MARK)
+    hints = {}
+    for line in named:
+        mid, _, hint = line.partition("]: ")
+        hints[mid] = hint.strip()
+    return head, hints
+
+
+def _extra(t: TestResult) -> str:
+    """What the test's output says beyond its summary line and its case lines: a load
+    failure, a forbidden call, an earlier stage to fix first."""
+    lines = "\n".join(f"{'✓' if c.passed else '✗'} {c.label}: {c.message}" for c in t.cases)
+    first, _, rest = t.output.partition("\n")
+    return rest.replace(lines, "", 1).strip()
+
+
+def _case(
+    stage: str, t: TestResult, c: CaseResult, pictures: Mapping[CaseKey, str], folded: bool = False
+) -> str:
+    message, _ = _split(c.message)
+    state = "pass" if c.passed else "fail"
+    out = [
+        f'<li class="{state}"><span class="mark">{"✓" if c.passed else "✗"}</span>'
+        f"<code>{_t(c.label, 300)}</code>",
+        f'<pre class="msg">{_t(message)}</pre>',
+    ]
+    picture = pictures.get((stage, t.number, c.label))
+    if picture is not None:
+        where = "; ".join(a.where for a in c.arrays) or "your output"
+        alt = f"heatmaps of your values, the expected values and the error for {c.label}"
+        figure = (
+            f'<figure><img src="{html.escape(picture, quote=True)}" alt="{_t(alt, 300)}">'
+            f"<figcaption>Shown: {_t(where, 600)}, the matrix with the largest error. "
+            "Yours and expected share one colour scale; grey: not graded, or NaN/inf."
+            "</figcaption></figure>"
+        )
+        out.append(f"<details><summary>picture</summary>{figure}</details>" if folded else figure)
+    out.append("</li>")
+    return "\n".join(out)
+
+
+def _test(stage: str, t: TestResult, hints: Mapping[str, str], pictures: Mapping[CaseKey, str]) -> str:
+    state = "pass" if t.passed else "fail"
+    summary = t.output.partition("\n")[0]
+    parts = [
+        f'<article class="test {state}" id="test-{_t(t.number)}">',
+        f'<div class="head">{_badge(t.score, t.max_score)}<h3>{_t(t.function)} '
+        f'<span class="muted">· {_t(t.group)}</span></h3>'
+        + ('<span class="tag">hidden test</span>' if t.hidden else "")
+        + "</div>",
+        f'<div class="muted">{_t(summary, 300)}</div>',
+    ]
+    extra = _extra(t)
+    if extra:
+        parts.append(f'<div class="callout problem"><pre>{_t(extra)}</pre></div>')
+    named: dict[str, str] = {}
+    for c in t.cases:
+        named |= {k: v for k, v in _split(c.message)[1].items() if v}
+    for mid in t.misconceptions:
+        hint = hints.get(mid) or named.get(mid, "")
+        parts.append(
+            f'<div class="callout hint"><strong>Likely mistake: {_t(mid, 200)}</strong>'
+            f"<p>{_t(hint, 2000)}</p></div>"
+        )
+    # Open: the first failing case's picture and any of another shape (a transposed matrix
+    # shows itself); the rest fold, so the page stays readable.
+    first = next((c.label for c in t.cases if not c.passed), None)
+    cases = "\n".join(
+        _case(
+            stage,
+            t,
+            c,
+            pictures,
+            folded=c.label != first and all(a.got.shape == a.expected.shape for a in c.arrays),
+        )
+        for c in t.cases
+    )
+    if t.passed:
+        parts.append(
+            f'<details><summary>{len(t.cases)} case(s)</summary><ol class="cases">{cases}</ol></details>'
+        )
+    else:
+        parts.append(f'<ol class="cases">{cases}</ol>')
+    parts.append("</article>")
+    return "\n".join(parts)
+
+
+def _stage(s: StageResult, pictures: Mapping[CaseKey, str]) -> str:
+    hints = _hints(s.stage)
+    file = f"graded file: <code>{_t(s.file, 300)}</code>" if s.file else "no file graded"
+    parts = [
+        f'<section class="stage" id="{_anchor(s.stage)}">',
+        f'<div class="stage-head"><h2>{_t(s.stage)}</h2>{_badge(s.score, s.max_score)}'
+        f'<span class="muted">{file}</span></div>',
+    ]
+    if s.notes:
+        items = "".join(f"<li>{_t(n, 1000)}</li>" for n in s.notes)
+        parts.append(f'<div class="callout note"><strong>Notes</strong><ul>{items}</ul></div>')
+    if s.stdout.strip():
+        lines = s.stdout.count("\n") + 1
+        parts.append(
+            f"<details><summary>your code printed ({lines} line{'s' if lines != 1 else ''})</summary>"
+            f"<pre>{_t(s.stdout, 4000)}</pre></details>"
+        )
+    parts += [_test(s.stage, t, hints, pictures) for t in s.tests]
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def render_html(result: SubmissionResult, pictures: Mapping[CaseKey, str] | None = None) -> str:
+    """The whole page. ``pictures`` maps (stage, test number, case label) to an image URI;
+    default: drawn from the result's kept arrays."""
+    if pictures is None:
+        pictures = draw_pictures(result)
+    student = _t(result.student, 200)
+    rows = "".join(
+        f'<tr><td><a href="#{_anchor(s.stage)}">{_t(s.stage)}</a></td><td>{_badge(s.score, s.max_score)}</td>'
+        f"<td>{sum(t.passed for t in s.tests)} of {len(s.tests)} tests passed</td></tr>"
+        for s in result.stages
+    )
+    mistakes = ", ".join(f"<code>{_t(m, 200)}</code>" for m in result.misconceptions)
+    pct = 100 * result.score / result.max_score if result.max_score else 0.0
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="Content-Security-Policy" content="{CSP}">
+<title>bertlab feedback · {student}</title>
+<style>{STYLE}</style>
+</head>
+<body>
+<main>
+<header>
+<h1>Feedback for {student}</h1>
+<div class="stage-head">{_badge(result.score, result.max_score)}
+<span class="muted">{pct:.0f}% of the points</span></div>
+{f"<p>Named mistakes: {mistakes}. Each failing test below says what to try.</p>" if mistakes else ""}
+<table class="summary"><tr><th>stage</th><th>score</th><th>tests</th></tr>{rows}</table>
+</header>
+{"".join(_stage(s, pictures) for s in result.stages)}
+</main>
+</body>
+</html>
+"""
+
+
+def write_html(result: SubmissionResult, path: Path, pictures: Mapping[CaseKey, str] | None = None) -> Path:
+    """Write the page atomically, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = render_html(result, pictures)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".feedback-", suffix=".html")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # a page to be read by others (mkstemp makes it 0600)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+def command(
+    submissions: Annotated[
+        list[Path],
+        typer.Argument(help="Directories holding NN_stage.ipynb/.py files, or such files."),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Write OUT/<student>/feedback.html.")],
+    stage: Annotated[
+        list[str] | None,
+        typer.Option("--stage", "-s", help="Stage id(s); default: the stages each submission holds."),
+    ] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
+    call_timeout: Annotated[float | None, typer.Option(help="Seconds per call of a graded name.")] = None,
+    submission_timeout: Annotated[
+        float, typer.Option(help="Seconds for everything of one submission.")
+    ] = 120.0,
+) -> None:
+    """Grade SUBMISSIONS and write each student an HTML page: per test the message, the
+    named mistake with its hint, and heatmaps of wrong tensors against the expected ones."""
+    from autograder.cli import _stages_for, _warn_if_exposed, console, err, safe_name
+    from autograder.stages import stage_ids
+
+    for s in submissions:
+        if not (s.exists() or s.is_symlink()):
+            err.print(f"error: {s} does not exist")
+            raise typer.Exit(2)
+    for s in stage or []:
+        if s not in stage_ids():
+            err.print(f"error: unknown stage {s!r}; known stages: {', '.join(stage_ids())}")
+            raise typer.Exit(2)
+    names = [safe_name(s.name if s.is_dir() else s.stem) for s in submissions]
+    if len(set(names)) != len(names):
+        err.print("error: two submissions share a name; their pages would overwrite each other")
+        raise typer.Exit(2)
+    from autograder.grade import Grader
+    from autograder.runner import Limits
+
+    _warn_if_exposed()
+    try:
+        grader = Grader(
+            device=device,
+            limits=Limits(call_s=call_timeout, submission_s=submission_timeout),
+            keep_arrays=True,
+        )
+    except ValueError as exc:
+        err.print(f"error: {exc}")
+        raise typer.Exit(2) from None
+    with grader:
+        for sub in submissions:
+            r = grader.grade(sub, _stages_for(sub, stage))
+            page = write_html(r, out / safe_name(r.student) / "feedback.html")
+            console.print(f"{escape(r.student, 80)}: {r.score:g} / {r.max_score:g} → {page}", markup=False)
