@@ -26,7 +26,7 @@ import sqlite3
 import statistics
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,11 +204,15 @@ def _init_worker(device: str, call_s: float | None, submission_s: float) -> None
     _grader = Grader(device=device, limits=Limits(call_s=call_s, submission_s=submission_s))
 
 
-def _grade_unit(unit: Unit) -> tuple[Unit, dict[str, Any]]:
+def _grade_student(units: list[Unit]) -> list[tuple[Unit, dict[str, Any]]]:
+    """One student's stages in one go: a stage that runs an earlier one reuses that stage's
+    grade to say whether it fails too, instead of grading it again."""
     assert _grader is not None
-    r = _grader.grade(unit.submission, [unit.stage], student=unit.student)
-    (stage,) = r.stages
-    return unit, {**dataclasses.asdict(stage), "score": stage.score, "max_score": stage.max_score}
+    r = _grader.grade(units[0].submission, [u.stage for u in units], student=units[0].student)
+    return [
+        (u, {**dataclasses.asdict(stage), "score": stage.score, "max_score": stage.max_score})
+        for u, stage in zip(units, r.stages, strict=True)
+    ]
 
 
 @dataclass
@@ -244,18 +248,23 @@ def run(
         initializer=_init_worker,
         initargs=(device, call_s, submission_s),
     ) as pool:
-        futures = [pool.submit(_grade_unit, u) for u in _by_student(todo)]
-        for n, future in enumerate(cf.as_completed(futures), start=1):
-            unit, result = future.result()
-            book.put(unit, result)
+        futures = [pool.submit(_grade_student, group) for group in _by_student(todo)]
+        n = 0
+        for future in cf.as_completed(futures):
+            for unit, result in future.result():
+                book.put(unit, result)  # one transaction per grade
+                n += 1
             if progress is not None:
                 progress(n, len(todo))
     return BatchReport(len(todo), len(units) - len(todo), time.monotonic() - t0)
 
 
-def _by_student(units: Iterable[Unit]) -> Iterator[Unit]:
-    """Stages of one student one after another: a worker's fork server stays warm for them."""
-    return iter(sorted(units, key=lambda u: (u.student, u.stage)))
+def _by_student(units: Iterable[Unit]) -> list[list[Unit]]:
+    """Each student's units, in stage order: one task per student."""
+    groups: dict[str, list[Unit]] = {}
+    for u in sorted(units, key=lambda u: (u.student, u.stage)):
+        groups.setdefault(u.student, []).append(u)
+    return list(groups.values())
 
 
 # -- summary --------------------------------------------------------------------------------

@@ -1,0 +1,752 @@
+"""A whole class: N students × 9 stages graded by ``batch``, against nbgrader, the floor,
+and the students' self-check latency (issue 9).
+
+Method
+------
+1. *The class*: a synthetic class of ``--students`` students, each holding all 9 stages as
+   notebooks in the flat layout ``<student>/<NN_stage>.ipynb``, built deterministically
+   (``--seed``). Each (student, stage) is drawn from: a correct notebook (the solution
+   notebook, or an example student's correct file), a named mistake (an example student
+   whose expected misconceptions are not empty; a ``.py`` becomes a one-cell notebook; that
+   student's own earlier stages come along when the stage loads them), or a broken notebook
+   (the solution with a syntax error in one graded cell). Exactly one student hangs: stage
+   01 from ``leo_infinite_loop`` (``causal_mask`` never returns).
+2. *Ours*: ``autograder.batch.run`` with ``--workers`` (default: the cores) into a fresh
+   gradebook, timed end to end (worker start-up, fork servers, expected values included).
+   A thread samples ``/proc`` every 0.2 s and sums the RSS of this process and all of its
+   descendants; the peak is reported (a sum of RSS counts pages shared between the fork
+   server and its children once per process: an upper bound).
+3. *nbgrader*: a sample of ``--sample`` notebooks of the same class, spread over the
+   stages, graded by the real ``nbgrader autograde`` (a fresh kernel per notebook, every
+   cell run, the skip-grading demos included: that is what autograde costs) in a temporary
+   course whose source is the solution notebooks. The stages a notebook loads are put
+   beside it as ``.py`` files (graded cells only), as ``load_stage`` finds them.
+4. *The floor*: per stage, the reference on every hidden case in-process (one thread, as a
+   child; building the cases excluded), plus one warm child per submission (grading an
+   empty stage-01 submission through a warm fork server), plus the hanging submission's
+   call limit (no grader can stop it sooner). Compared per core: ours' wall × workers.
+5. *Self-check*: each solution notebook in one warm kernel (nbclient); every ``check(x)``
+   call of the notebook is timed in its own cell, after the cells before it ran.
+6. ``--memory-scaling``: the batch's peak RSS at 50 and at 200 students.
+
+Run: ``make bench-class`` or ``.venv/bin/python benchmarks/bench_class.py [options]``.
+Figures also go to ``build/bench/bench_class.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+EXAMPLES = ROOT / "examples" / "class"
+EXPECTED = ROOT / "examples" / "expected"
+SOLUTIONS = ROOT / "solutions"
+HANGING = ("leo_infinite_loop", "01_attention")
+CORRECT_EXAMPLES = ("ada_correct_matmul", "grace_correct_einsum")
+MIX = {"correct": 0.80, "mistake": 0.16, "broken": 0.04}  # the hanging one comes on top
+TARGETS = {"nbgrader": 20.0, "floor": 1.5, "rss_gib": 4.0, "selfcheck_s": 1.0}
+
+
+# -- the class ------------------------------------------------------------------------------
+
+
+def _notebook(path: Path) -> Any:
+    import nbformat
+
+    if path.suffix == ".ipynb":
+        return nbformat.read(path, as_version=4)
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(path.read_text(encoding="utf-8"))]
+    return nb
+
+
+def _broken(nb: Any, rng: random.Random) -> Any:
+    """The notebook with a syntax error in one of its graded (solution) cells."""
+    import copy
+
+    nb = copy.deepcopy(nb)
+    graded = [c for c in nb.cells if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")]
+    cell = rng.choice(graded)
+    cell.source = cell.source.replace("):", ")", 1) if "):" in cell.source else cell.source + "\nreturn )"
+    return nb
+
+
+@dataclass
+class Pools:
+    correct: dict[str, list[tuple[str, Path]]]  # stage -> (origin, file)
+    mistakes: dict[str, list[tuple[str, Path]]]
+
+    @classmethod
+    def load(cls) -> Pools:
+        from autograder.load import find_stage_file
+        from autograder.stages import stage_ids
+
+        correct: dict[str, list[tuple[str, Path]]] = {}
+        mistakes: dict[str, list[tuple[str, Path]]] = {}
+        for stage in stage_ids():
+            correct[stage] = [("solution", SOLUTIONS / stage / f"{stage}.ipynb")]
+            for s in CORRECT_EXAMPLES:
+                f = find_stage_file(EXAMPLES / s, stage)
+                if f is not None:
+                    correct[stage].append((s, f))
+            expected = json.loads((EXPECTED / f"{stage}.json").read_text())["students"]
+            mistakes[stage] = []
+            for s, e in sorted(expected.items()):
+                if e["misconceptions"] and (f := find_stage_file(EXAMPLES / s, stage)) is not None:
+                    mistakes[stage].append((s, f))
+        return cls(correct, mistakes)
+
+
+def build_class(root: Path, n: int, seed: int) -> dict[tuple[str, str], str]:
+    """Write the class under ``root``; return (student, stage) -> kind (correct, mistake:WHO,
+    broken, hanging)."""
+    import nbformat
+
+    from autograder.load import find_stage_file
+    from autograder.stages import load_spec, stage_ids
+
+    rng = random.Random(seed)
+    pools = Pools.load()
+    stages = stage_ids()
+    solution_nbs = {s: _notebook(SOLUTIONS / s / f"{s}.ipynb") for s in stages}
+    hanging_student = rng.randrange(n)
+    kinds: dict[tuple[str, str], str] = {}
+    width = len(str(n))
+    for i in range(n):
+        student = f"s{i:0{width}d}"
+        folder = root / student
+        folder.mkdir(parents=True)
+        nbs: dict[str, Any] = {}
+        for stage in stages:
+            kind = rng.choices(list(MIX), weights=list(MIX.values()))[0]
+            if i == hanging_student and stage == HANGING[1]:
+                kind = "hanging"
+            if kind == "correct":
+                origin, f = rng.choice(pools.correct[stage])
+                nbs[stage] = _notebook(f)
+            elif kind == "mistake":
+                origin, f = rng.choice(pools.mistakes[stage])
+                nbs[stage] = _notebook(f)
+                kind = f"mistake:{origin}"
+                for dep in load_spec(stage).uses:  # that student's own earlier stages, if any
+                    if (d := find_stage_file(EXAMPLES / origin, dep)) is not None and kinds.get(
+                        (student, dep)
+                    ) != "hanging":
+                        nbs[dep] = _notebook(d)
+                        kinds[(student, dep)] = f"mistake-dep:{origin}"
+            elif kind == "broken":
+                nbs[stage] = _broken(solution_nbs[stage], rng)
+            else:
+                nbs[stage] = _notebook(find_stage_file(EXAMPLES / HANGING[0], HANGING[1]))
+            kinds[(student, stage)] = kind
+        for stage, nb in nbs.items():
+            nbformat.write(nb, folder / f"{stage}.ipynb")
+    return kinds
+
+
+# -- memory ---------------------------------------------------------------------------------
+
+
+class TreeRSS:
+    """Samples the summed RSS (and PSS where readable) of this process and its descendants."""
+
+    def __init__(self, period: float = 0.2) -> None:
+        self.period = period
+        self.peak_rss = 0
+        self.peak_procs = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._page = os.sysconf("SC_PAGE_SIZE")
+
+    def _tree(self) -> list[int]:
+        children: dict[int, list[int]] = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(d))
+        out, todo = [], [os.getpid()]
+        while todo:
+            p = todo.pop()
+            out.append(p)
+            todo += children.get(p, [])
+        return out
+
+    def sample(self) -> None:
+        # statm only: smaps_rollup (PSS) walks page tables under the mm lock, which slowed
+        # the batch down twofold when sampled every 0.2 s
+        rss = 0
+        procs = self._tree()
+        for p in procs:
+            try:
+                r = int(Path(f"/proc/{p}/statm").read_text().split()[1]) * self._page
+            except (OSError, IndexError, ValueError):
+                continue
+            rss += r
+        self.peak_rss = max(self.peak_rss, rss)
+        self.peak_procs = max(self.peak_procs, len(procs))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self.sample()
+
+    def __enter__(self) -> TreeRSS:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# -- ours -----------------------------------------------------------------------------------
+
+
+@dataclass
+class BatchFigures:
+    students: int
+    notebooks: int
+    workers: int
+    wall_s: float
+    first_done_s: float  # until the first grade came back: worker start-up, plans
+    peak_rss: int
+    peak_procs: int
+    scores: dict[str, dict[str, float]] = field(default_factory=dict)  # kind -> mean fraction
+
+
+def grade_class(class_dir: Path, workers: int, db: Path, kinds: dict[tuple[str, str], str]) -> BatchFigures:
+    from autograder.batch import Gradebook, discover, run
+
+    units = discover(class_dir, None)
+    stamps: list[float] = []
+    t0 = time.perf_counter()
+    with TreeRSS() as mem, Gradebook(db) as book:
+        report = run(units, book, workers, progress=lambda n, total: stamps.append(time.perf_counter()))
+        rows = book.rows()
+    wall = time.perf_counter() - t0
+    assert report.graded == len(units), report
+    by_kind: dict[str, list[float]] = {}
+    for r in rows:
+        kind = kinds.get((r["student"], r["stage"]), "?").split(":")[0]
+        by_kind.setdefault(kind, []).append(r["score"] / r["max_score"])
+    students = len({u.student for u in units})
+    return BatchFigures(
+        students,
+        len(units),
+        workers,
+        wall,
+        (stamps[1] - t0) if len(stamps) > 1 else wall,
+        mem.peak_rss,
+        mem.peak_procs,
+        {k: {"n": len(v), "mean_fraction": statistics.fmean(v)} for k, v in sorted(by_kind.items())},
+    )
+
+
+# -- nbgrader -------------------------------------------------------------------------------
+
+
+def _graded_py(nb_path: Path) -> str:
+    """A stage notebook's graded code cells as one .py file (what load_stage runs)."""
+    import nbformat
+
+    nb = nbformat.read(nb_path, as_version=4)
+    return "\n\n".join(
+        c.source
+        for c in nb.cells
+        if c.cell_type == "code" and "skip-grading" not in c.metadata.get("tags", [])
+    )
+
+
+def pick_sample(
+    class_dir: Path, kinds: dict[tuple[str, str], str], size: int, seed: int
+) -> list[tuple[str, str]]:
+    """``size`` (student, stage) pairs, round robin over the stages, in proportion to the mix;
+    the hanging notebook and notebooks with shell escapes (a kernel would run them) left out."""
+    from autograder.stages import stage_ids
+
+    rng = random.Random(seed + 1)
+    stages = stage_ids()
+    students = sorted(p.name for p in class_dir.iterdir() if p.is_dir())
+    rng.shuffle(students)
+    sample: list[tuple[str, str]] = []
+    used: set[tuple[str, str]] = set()
+    j = 0
+    while len(sample) < size and j < len(students) * len(stages):
+        stage = stages[len(sample) % len(stages)]
+        student = students[j % len(students)]
+        j += 1
+        key = (student, stage)
+        if key in used or kinds[key] == "hanging":
+            continue
+        text = (class_dir / student / f"{stage}.ipynb").read_text()
+        if re.search(r'"\s*!', text):
+            continue
+        used.add(key)
+        sample.append(key)
+    return sample
+
+
+def _nbgrader(course: Path, *args: str) -> float:
+    env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ.get('PATH', '')}"}
+    t = time.perf_counter()
+    p = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "nbgrader"), *args],
+        cwd=course,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    elapsed = time.perf_counter() - t
+    if p.returncode != 0:
+        raise RuntimeError(f"nbgrader {' '.join(args)} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return elapsed
+
+
+def nbgrader_sample(class_dir: Path, sample: list[tuple[str, str]], course: Path) -> dict[str, Any]:
+    """Grade ``sample`` with the real nbgrader autograde; seconds and where they went."""
+    import nbformat
+
+    from autograder.stages import load_spec
+
+    (course / "source").mkdir(parents=True)
+    (course / "nbgrader_config.py").write_text(
+        "c = get_config()\n"
+        f"c.CourseDirectory.root = {str(course)!r}\n"
+        f"c.CourseDirectory.db_url = {'sqlite:///' + str(course / 'gradebook.db')!r}\n"
+        "c.ClearSolutions.code_stub = {'python': '# YOUR CODE HERE\\nraise NotImplementedError()'}\n"
+        "c.ExecutePreprocessor.timeout = 120\n"
+    )
+    stages = sorted({st for _, st in sample})
+    for stage in stages:
+        shutil.copytree(SOLUTIONS / stage, course / "source" / stage)
+        _nbgrader(course, "generate_assignment", stage, "--force")
+    for student, stage in sample:
+        d = course / "submitted" / student / stage
+        d.mkdir(parents=True)
+        shutil.copy(class_dir / student / f"{stage}.ipynb", d / f"{stage}.ipynb")
+        for extra in (SOLUTIONS / stage).iterdir():  # the released data files
+            if extra.suffix != ".ipynb":
+                shutil.copy(extra, d / extra.name)
+        todo = list(load_spec(stage).uses)
+        while todo:  # the stages it loads, beside it (load_stage finds them there)
+            dep = todo.pop(0)
+            (d / f"{dep}.py").write_text(_graded_py(class_dir / student / f"{dep}.ipynb"))
+            todo += load_spec(dep).uses
+    per_stage: dict[str, float] = {}
+    t0 = time.perf_counter()
+    for stage in stages:
+        per_stage[stage] = _nbgrader(course, "autograde", stage, "--force")
+    total = time.perf_counter() - t0
+    # where the kernel's time went: nbclient records each cell's execution timestamps
+    from datetime import datetime
+
+    cells = {"graded": 0.0, "skip-grading": 0.0}
+    graded_nbs = 0
+    for student, stage in sample:
+        f = course / "autograded" / student / stage / f"{stage}.ipynb"
+        if not f.is_file():
+            continue
+        graded_nbs += 1
+        for c in nbformat.read(f, as_version=4).cells:
+            ex = c.get("metadata", {}).get("execution", {})
+            if "iopub.execute_input" in ex and "shell.execute_reply" in ex:
+                dt = (
+                    datetime.fromisoformat(ex["shell.execute_reply"].replace("Z", "+00:00"))
+                    - datetime.fromisoformat(ex["iopub.execute_input"].replace("Z", "+00:00"))
+                ).total_seconds()
+                cells["skip-grading" if "skip-grading" in c.metadata.get("tags", []) else "graded"] += dt
+    return {
+        "notebooks": len(sample),
+        "autograded": graded_nbs,
+        "seconds": total,
+        "per_stage_s": per_stage,
+        "cells_s": cells,
+        "sample": [f"{a}/{b}" for a, b in sample],
+    }
+
+
+# -- the floor ------------------------------------------------------------------------------
+
+
+def floor_figures(repeat: int = 3, child_repeat: int = 15) -> dict[str, Any]:
+    """Per stage, the reference on every case in-process; one warm child per submission."""
+    import torch
+
+    from autograder.grade import Grader, run_trusted
+    from autograder.runner import Limits
+    from autograder.spec import build_case
+    from autograder.stages import load_spec, stage_ids
+
+    torch.set_num_threads(1)  # as a child: one thread
+    ref: dict[str, float] = {}
+    for stage in stage_ids():
+        spec = load_spec(stage)
+        cases = [
+            (graded, build_case(spec, graded, test, case))
+            for graded in spec.graded
+            for test in graded.tests
+            for case in test.cases
+        ]
+        run_trusted  # noqa: B018
+        for g, data in cases:  # warm: first-call costs are not the floor
+            run_trusted(g.reference, g, data, "cpu", spec)
+        runs = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            for g, data in cases:
+                run_trusted(g.reference, g, data, "cpu", spec)
+            runs.append(time.perf_counter() - t)
+        ref[stage] = statistics.median(runs)
+    with tempfile.TemporaryDirectory(prefix="bertlab-bench-") as tmp:
+        empty = Path(tmp) / "01_attention.py"
+        empty.write_text("")
+        with Grader(limits=Limits()) as g:
+            g.grade(empty, ["01_attention"])  # warm
+            child = []
+            for _ in range(child_repeat):
+                t = time.perf_counter()
+                g.grade(empty, ["01_attention"])
+                child.append(time.perf_counter() - t)
+    return {"reference_s": ref, "child_s": statistics.median(child), "child_samples_s": child}
+
+
+# -- self-check -----------------------------------------------------------------------------
+
+
+def selfcheck_latency(repeat: int = 3) -> dict[str, dict[str, Any]]:
+    """Every ``check(x)`` of each solution notebook, timed in a warm kernel."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from autograder.stages import stage_ids
+
+    logging.getLogger("traitlets").setLevel(logging.ERROR)
+    out: dict[str, dict[str, Any]] = {}
+    for stage in stage_ids():
+        path = SOLUTIONS / stage / f"{stage}.ipynb"
+        nb = nbformat.read(path, as_version=4)
+        last = max(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "check(" in c.source)
+        client = NotebookClient(
+            nb,
+            kernel_name="python3",
+            timeout=300,
+            allow_errors=True,
+            resources={"metadata": {"path": str(path.parent)}},
+        )
+        times: dict[str, list[float]] = {}
+        t_kernel = time.perf_counter()
+        with client.setup_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
+            kernel_s = time.perf_counter() - t_kernel
+            setup_s = 0.0
+            for i, cell in enumerate(nb.cells[: last + 1]):
+                if cell.cell_type != "code":
+                    continue
+                for name in re.findall(r"\bcheck\((\w+)\)", cell.source):
+                    probe = nbformat.v4.new_code_cell(f"_bench_r = check({name})")
+                    nb.cells.append(probe)  # nbclient writes outputs by index into nb.cells
+                    for _ in range(repeat):
+                        t = time.perf_counter()
+                        client.execute_cell(probe, len(nb.cells) - 1)
+                        times.setdefault(name, []).append(time.perf_counter() - t)
+                    nb.cells.pop()
+                    errs = [o for o in probe.outputs if o.get("output_type") == "error"]
+                    if errs:
+                        times[name] = [float("nan")]
+                        print(
+                            f"  self-check {stage} check({name}) raised {errs[0].get('ename')}",
+                            file=sys.stderr,
+                        )
+                t = time.perf_counter()
+                client.execute_cell(cell, i)
+                setup_s += time.perf_counter() - t
+        flat = [x for v in times.values() for x in v]
+        first = [v[0] for v in times.values()]
+        out[stage] = {
+            "kernel_start_s": kernel_s,
+            "cells_s": setup_s,
+            "median_s": statistics.median(flat) if flat else None,
+            "max_s": max(flat) if flat else None,
+            "first_call_median_s": statistics.median(first) if first else None,
+            "per_check_s": times,
+        }
+    return out
+
+
+# -- report ---------------------------------------------------------------------------------
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:,.0f} MiB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from autograder.batch import default_workers
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--students", type=int, default=200, help="class size (default 200)")
+    ap.add_argument("--workers", type=int, default=default_workers(), help="batch workers (default: cores)")
+    ap.add_argument("--sample", type=int, default=20, help="notebooks graded by nbgrader (default 20)")
+    ap.add_argument("--seed", type=int, default=9)
+    ap.add_argument("--memory-scaling", action="store_true", help="also grade 50 and 200 students: peak RSS")
+    ap.add_argument("--skip-nbgrader", action="store_true")
+    ap.add_argument("--skip-selfcheck", action="store_true")
+    ap.add_argument("--skip-floor", action="store_true")
+    ap.add_argument("--keep", type=Path, help="build the class here and keep it (default: a temp dir)")
+    ap.add_argument("--json", type=Path, default=ROOT / "build" / "bench" / "bench_class.json")
+    args = ap.parse_args(argv)
+    from autograder.stages import load_spec, stage_ids
+
+    stages = stage_ids()
+    figures: dict[str, Any] = {"students": args.students, "workers": args.workers, "cpus": os.cpu_count()}
+    tmp_ctx = tempfile.TemporaryDirectory(prefix="bertlab-bench-class-")
+    tmp = Path(tmp_ctx.name)
+    base = args.keep or tmp
+    print(
+        f"bench_class: {args.students} students × {len(stages)} stages, {args.workers} workers, "
+        f"{os.cpu_count()} CPUs, seed {args.seed}",
+        flush=True,
+    )
+    try:
+        class_dir = base / f"class{args.students}"
+        t = time.perf_counter()
+        kinds = build_class(class_dir, args.students, args.seed)
+        counts: dict[str, int] = {}
+        for k in kinds.values():
+            counts[k.split(":")[0]] = counts.get(k.split(":")[0], 0) + 1
+        print(f"  class built in {time.perf_counter() - t:.1f} s: {counts}", flush=True)
+        figures["mix"] = counts
+
+        ours = grade_class(class_dir, args.workers, base / f"gradebook{args.students}.db", kinds)
+        figures["batch"] = ours.__dict__
+        per_nb = ours.wall_s / ours.notebooks
+        print(
+            f"  batch: {ours.notebooks} notebooks in {ours.wall_s:.1f} s "
+            f"(first grade back after {ours.first_done_s:.1f} s); peak RSS {_mib(ours.peak_rss)}",
+            flush=True,
+        )
+        print(
+            f"  mean score fraction by kind: "
+            f"{ {k: round(v['mean_fraction'], 3) for k, v in ours.scores.items()} }",
+            flush=True,
+        )
+
+        nbg = None
+        if not args.skip_nbgrader and args.sample > 0:
+            sample = pick_sample(class_dir, kinds, args.sample, args.seed)
+            try:
+                nbg = nbgrader_sample(class_dir, sample, base / "nbgrader-course")
+            except Exception as exc:  # the batch figures survive a failing part
+                print(f"  nbgrader failed: {type(exc).__name__}: {exc}", flush=True)
+                nbg = None
+            figures["nbgrader"] = nbg
+            print(
+                f"  nbgrader autograde: {nbg['notebooks']} notebooks in {nbg['seconds']:.1f} s "
+                f"({nbg['autograded']} autograded); cells: graded {nbg['cells_s']['graded']:.1f} s, "
+                f"skip-grading {nbg['cells_s']['skip-grading']:.1f} s",
+                flush=True,
+            )
+
+        floor = None
+        if not args.skip_floor:
+            try:
+                floor = floor_figures()
+            except Exception as exc:  # the batch figures survive a failing part
+                print(f"  floor failed: {type(exc).__name__}: {exc}", flush=True)
+                floor = None
+            figures["floor"] = floor
+            print(
+                f"  floor: reference per stage (ms) "
+                f"{ {s: round(1000 * v, 1) for s, v in floor['reference_s'].items()} }; "
+                f"warm child {1000 * floor['child_s']:.0f} ms",
+                flush=True,
+            )
+
+        sc = None
+        if not args.skip_selfcheck:
+            try:
+                sc = selfcheck_latency()
+            except Exception as exc:  # the batch figures survive a failing part
+                print(f"  selfcheck failed: {type(exc).__name__}: {exc}", flush=True)
+                sc = None
+            figures["selfcheck"] = sc
+
+        scaling: dict[int, int] = {}
+        if args.memory_scaling:
+            scaling[args.students] = ours.peak_rss
+            for n in (50, 200):
+                if n in scaling:
+                    continue
+                d = base / f"class{n}"
+                k = build_class(d, n, args.seed)
+                f = grade_class(d, args.workers, base / f"gradebook{n}.db", k)
+                scaling[n] = f.peak_rss
+                figures[f"batch_{n}"] = f.__dict__
+                print(
+                    f"  memory scaling: {n} students, peak RSS {_mib(f.peak_rss)} ({f.wall_s:.1f} s)",
+                    flush=True,
+                )
+            figures["memory_scaling"] = scaling
+    finally:
+        tmp_ctx.cleanup()
+
+    # ---- the table ----
+    rows: list[tuple[str, str, str]] = []
+    verdicts: list[tuple[str, str, str]] = []
+    rows.append(
+        (
+            "students / s",
+            f"{ours.students / ours.wall_s:.2f}",
+            f"{ours.students} students, wall {ours.wall_s:.1f} s",
+        )
+    )
+    rows.append(
+        (
+            "ms / notebook (wall)",
+            f"{1000 * per_nb:,.0f}",
+            f"wall / {ours.notebooks} notebooks, {ours.workers} workers",
+        )
+    )
+    rows.append(("core-ms / notebook", f"{1000 * per_nb * ours.workers:,.0f}", "wall × workers / notebooks"))
+    rows.append(
+        (
+            "start-up (first grade back)",
+            f"{ours.first_done_s:.1f} s",
+            "spawn workers, torch, fork servers, plans",
+        )
+    )
+    rows.append(
+        (
+            "peak RSS, process tree",
+            _mib(ours.peak_rss),
+            f"sum over up to {ours.peak_procs} processes (shared pages counted per process)",
+        )
+    )
+    if nbg:
+        nb_per = nbg["seconds"] / nbg["notebooks"]
+        ratio = nb_per / per_nb
+        share = nbg["cells_s"]["skip-grading"] / nbg["seconds"]
+        rows.append(
+            ("nbgrader ms / notebook", f"{1000 * nb_per:,.0f}", f"{nbg['notebooks']} notebooks, one process")
+        )
+        rows.append(
+            (
+                "  of it in skip-grading cells",
+                f"{100 * share:.0f} %",
+                "nbgrader runs every cell: its honest cost",
+            )
+        )
+        rows.append(
+            ("nbgrader / ours (per notebook)", f"{ratio:.1f}x", "ours at its workers, nbgrader serial")
+        )
+        graded_only = (nbg["seconds"] - nbg["cells_s"]["skip-grading"]) / nbg["notebooks"]
+        rows.append(
+            (
+                "  without the skip-grading cells",
+                f"{graded_only / per_nb:.1f}x",
+                "if nbgrader skipped the demos",
+            )
+        )
+        rows.append(
+            ("  per core", f"{nb_per / (per_nb * ours.workers):.1f}x", "ours' core time vs nbgrader's wall")
+        )
+        verdicts.append(
+            ("≥ 20× nbgrader", f"{ratio:.1f}x", "PASS" if ratio >= TARGETS["nbgrader"] else "MISS")
+        )
+    if floor:
+        ref_per_student = sum(floor["reference_s"].values())
+        hang_s = load_spec(HANGING[1]).call_timeout_s
+        floor_core = ours.students * ref_per_student + ours.notebooks * floor["child_s"] + hang_s
+        floor_wall = floor_core / ours.workers
+        ratio_f = ours.wall_s / floor_wall
+        rows.append(
+            ("floor: reference, all stages", f"{1000 * ref_per_student:,.0f} ms", "per student, in-process")
+        )
+        rows.append(
+            ("floor: warm child", f"{1000 * floor['child_s']:,.0f} ms", "per notebook (empty submission)")
+        )
+        rows.append(
+            ("floor, whole class", f"{floor_wall:.1f} s", f"/ {ours.workers} workers, + {hang_s:g} s hang")
+        )
+        rows.append(("ours / floor", f"{ratio_f:.2f}x", "wall, start-up included"))
+        steady = (ours.wall_s - ours.first_done_s) / (floor_wall * (ours.notebooks - 1) / ours.notebooks)
+        rows.append(("  after start-up", f"{steady:.2f}x", "wall from the first grade back"))
+        verdicts.append(
+            ("≤ 1.5× floor", f"{ratio_f:.2f}x", "PASS" if ratio_f <= TARGETS["floor"] else "MISS")
+        )
+    rss_note = f"{_mib(ours.peak_rss)} at {ours.workers} workers"
+    verdicts.append(
+        (
+            "RSS < 4 GiB, 2 workers",
+            rss_note,
+            ("PASS" if ours.peak_rss < TARGETS["rss_gib"] * 2**30 else "MISS")
+            if ours.workers == 2
+            else "n/a (not 2 workers)",
+        )
+    )
+    if scaling:
+        lo, hi = scaling.get(50), scaling.get(200)
+        for n, b in sorted(scaling.items()):
+            rows.append((f"peak RSS, {n} students", _mib(b), ""))
+        if lo and hi:
+            verdicts.append(
+                ("memory flat 50 → 200", f"{hi / lo:.2f}x", "PASS" if hi <= 1.15 * lo else "MISS")
+            )
+    if sc:
+        for stage, s in sc.items():
+            rows.append(
+                (
+                    f"self-check {stage}",
+                    f"{1000 * s['median_s']:,.0f} / {1000 * s['max_s']:,.0f} ms",
+                    f"median / max; first calls' median {1000 * s['first_call_median_s']:,.0f} ms",
+                )
+            )
+        worst = max(s["median_s"] for s in sc.values())
+        verdicts.append(
+            (
+                "self-check < 1 s median",
+                f"worst stage {1000 * worst:,.0f} ms",
+                "PASS" if worst < TARGETS["selfcheck_s"] else "MISS",
+            )
+        )
+
+    w1 = max(len(r[0]) for r in rows + verdicts)
+    w2 = max(len(r[1]) for r in rows + verdicts)
+    print("\nfigure".ljust(w1 + 1), "value".rjust(w2), " note")
+    for a, b, c in rows:
+        print(a.ljust(w1), b.rjust(w2), "", c)
+    print("\ntarget".ljust(w1 + 1), "measured".rjust(w2), " verdict")
+    for a, b, c in verdicts:
+        print(a.ljust(w1), b.rjust(w2), "", c)
+    figures["verdicts"] = verdicts
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
+    print(f"figures: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
