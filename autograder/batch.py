@@ -63,15 +63,10 @@ def _layout_root(class_dir: Path) -> Path:
 def fingerprint(submission: Path, stage: str) -> str:
     """The stage's file and those of the earlier stages it runs: what its grade depends on."""
     from autograder.load import LoadError, find_stage_file
-    from autograder.stages import load_spec
+    from autograder.stages import requires
 
     digest = hashlib.sha256()
-    todo, seen = [stage], set()
-    while todo:
-        s = todo.pop(0)
-        if s in seen:
-            continue
-        seen.add(s)
+    for s in [stage, *requires(stage)]:
         try:
             path = find_stage_file(submission, s)
         except LoadError:
@@ -80,10 +75,6 @@ def fingerprint(submission: Path, stage: str) -> str:
         if path is not None and path.is_file() and not path.is_symlink():
             digest.update(path.read_bytes())
         digest.update(b"\0")
-        try:
-            todo += load_spec(s).uses
-        except KeyError:
-            pass
     return digest.hexdigest()
 
 
@@ -98,14 +89,14 @@ def in_shard(student: str, shard: tuple[int, int] | None) -> bool:
 
 def discover(class_dir: Path, stages: list[str] | None, shard: tuple[int, int] | None = None) -> list[Unit]:
     """Every (student, stage) to grade: the stages asked for, or those each student holds."""
-    from autograder.cli import _stages_for
+    from autograder.stages import stages_for
 
     root = _layout_root(class_dir)
     units = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         if not in_shard(folder.name, shard):
             continue
-        for stage in _stages_for(folder, stages):
+        for stage in stages_for(folder, stages):
             units.append(Unit(folder.name, stage, folder, fingerprint(folder, stage)))
     return units
 

@@ -25,28 +25,6 @@ def safe_name(student: str) -> str:
     return name if name.strip(".") else "_" + name.replace(".", "_")
 
 
-def _stages_for(submission: Path, asked: list[str] | None) -> list[str]:
-    from autograder.stages import stage_ids
-
-    known = stage_ids()
-    if asked:
-        return asked
-    if submission.is_file() and submission.stem in known:
-        return [submission.stem]
-    if submission.is_dir():  # the stages handed in; a submission holding none scores 0 on all
-        from autograder.load import LoadError, find_stage_file
-
-        held = []
-        for s in known:
-            try:
-                if find_stage_file(submission, s) is not None:
-                    held.append(s)
-            except LoadError:
-                held.append(s)  # graded, so the student reads why it cannot be
-        return held or known
-    return known
-
-
 @app.command()
 def grade(
     submissions: Annotated[
@@ -72,7 +50,7 @@ def grade(
     ] = 120.0,
 ) -> None:
     """Grade SUBMISSIONS against the hidden reference. Exit 0 whenever grading completed."""
-    from autograder.stages import stage_ids  # instant: usage errors are reported before torch loads
+    from autograder.stages import stage_ids, stages_for  # instant: usage errors come before torch loads
 
     for s in submissions:
         if not (s.exists() or s.is_symlink()):
@@ -103,7 +81,7 @@ def grade(
     graded = []
     with grader:
         for sub in submissions:
-            r = grader.grade(sub, _stages_for(sub, stage))
+            r = grader.grade(sub, stages_for(sub, stage))
             graded.append(r)
             if results is not None:
                 write_results(r, results)

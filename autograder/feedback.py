@@ -17,13 +17,15 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import numpy as np
 import typer
 
 from autograder.report import escape
 from autograder.results import CaseResult, KeptArrays, StageResult, SubmissionResult, TestResult
+
+if TYPE_CHECKING:  # numpy loads when a picture is drawn, not with the CLI
+    import numpy as np
 
 # (stage id, test number, case label): the key of one case's picture
 CaseKey = tuple[str, str, str]
@@ -39,6 +41,8 @@ def _t(text: str, limit: int = 4000) -> str:
 
 
 def _panel(ax, values: np.ndarray, title: str, cmap, vmin: float, vmax: float, r0: int, c0: int):
+    import numpy as np
+
     rows, cols = values.shape
     extent = (c0 - 0.5, c0 + cols - 0.5, r0 + rows - 0.5, r0 - 0.5)
     image = ax.imshow(
@@ -67,6 +71,8 @@ def _panel(ax, values: np.ndarray, title: str, cmap, vmin: float, vmax: float, r
 
 
 def _limits(*arrays: np.ndarray) -> tuple[float, float]:
+    import numpy as np
+
     finite = np.concatenate([a[np.isfinite(a)].ravel() for a in arrays])
     if finite.size == 0:
         return 0.0, 1.0
@@ -76,6 +82,7 @@ def _limits(*arrays: np.ndarray) -> tuple[float, float]:
 
 def draw(arrays: tuple[KeptArrays, ...] | list[KeptArrays], dpi: int = 90) -> str:
     """One PNG (a data URI) for one case: per wrong output a row of three heatmaps."""
+    import numpy as np
     from matplotlib import colormaps
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
 
@@ -391,8 +398,8 @@ def command(
 ) -> None:
     """Grade SUBMISSIONS and write each student an HTML page: per test the message, the
     named mistake with its hint, and heatmaps of wrong tensors against the expected ones."""
-    from autograder.cli import _stages_for, _warn_if_exposed, console, err, safe_name
-    from autograder.stages import stage_ids
+    from autograder.cli import _warn_if_exposed, console, err, safe_name
+    from autograder.stages import stage_ids, stages_for
 
     for s in submissions:
         if not (s.exists() or s.is_symlink()):
@@ -421,6 +428,6 @@ def command(
         raise typer.Exit(2) from None
     with grader:
         for sub in submissions:
-            r = grader.grade(sub, _stages_for(sub, stage))
+            r = grader.grade(sub, stages_for(sub, stage))
             page = write_html(r, out / safe_name(r.student) / "feedback.html")
             console.print(f"{escape(r.student, 80)}: {r.score:g} / {r.max_score:g} → {page}", markup=False)

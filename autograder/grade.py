@@ -36,7 +36,7 @@ from autograder.runner import (
     run_submission,
 )
 from autograder.spec import CaseData, Graded, StageSpec, Test, build_case, tolerance_for
-from autograder.stages import load_spec
+from autograder.stages import load_spec, requires
 
 
 def _data_dict(data: CaseData) -> dict[str, Any]:
@@ -385,11 +385,7 @@ class Grader:
         student = folder.parent if folder.name == spec.id else folder
         parts: dict[str, Cells] = {}
         notes: list[str] = []
-        todo = list(spec.uses)
-        while todo:
-            stage = todo.pop(0)
-            if stage in parts:
-                continue
+        for stage in requires(spec.id):
             try:
                 dep = find_stage_file(folder, stage)
                 if dep is None and student != folder:
@@ -400,8 +396,6 @@ class Grader:
                 parts[stage] = load_source(dep, stage).cells
             except LoadError as exc:
                 notes.append(f"this stage uses your {stage}, which cannot be read: {exc}")
-                continue
-            todo += load_spec(stage).uses
         return parts, notes
 
     def grade(self, submission: Path, stages: list[str], student: str | None = None) -> SubmissionResult:
@@ -424,14 +418,8 @@ class Grader:
         for r in results:
             if r.score >= r.max_score:
                 continue
-            uses, todo = [], list(load_spec(r.stage).uses)
-            while todo:
-                dep = todo.pop(0)
-                if dep not in uses:
-                    uses.append(dep)
-                    todo += load_spec(dep).uses
             failing = []
-            for dep in sorted(uses):
+            for dep in sorted(requires(r.stage)):
                 if dep not in by_stage:
                     by_stage[dep] = self.grade_stage(submission, dep)
                 d = by_stage[dep]

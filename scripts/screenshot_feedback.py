@@ -70,14 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(ROOT))
-    from autograder.cli import _stages_for
     from autograder.feedback import write_html
     from autograder.grade import Grader
+    from autograder.stages import stages_for
 
     with Grader(keep_arrays=True) as grader:
         for student in args.students:
             submission = CLASS / student
-            result = grader.grade(submission, _stages_for(submission, args.stage))
+            result = grader.grade(submission, stages_for(submission, args.stage))
             page = write_html(result, args.out / student / "feedback.html")
             png = screenshot(page, page.with_suffix(".png"))
             print(f"{student}: {result.score:g}/{result.max_score:g} -> {page} -> {png}")

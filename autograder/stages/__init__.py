@@ -59,3 +59,38 @@ def load_spec(stage: str) -> StageSpec:
 
 def all_specs() -> list[StageSpec]:
     return [load_spec(s) for s in stage_ids()]
+
+
+def requires(stage: str) -> list[str]:
+    """The earlier stages ``stage`` runs, directly or through another (``StageSpec.uses``),
+    nearest first: 09 -> [02_multihead, 06_transformer_block, 01_attention]."""
+    found: list[str] = []
+    todo = list(load_spec(stage).uses)
+    while todo:
+        s = todo.pop(0)
+        if s not in found and s != stage:
+            found.append(s)
+            todo += load_spec(s).uses
+    return found
+
+
+def stages_for(submission: Path, asked: list[str] | None) -> list[str]:
+    """The stages to grade: those asked for, else those the submission holds (a submission
+    holding none is graded on all, so that each says its file is missing)."""
+    known = stage_ids()
+    if asked:
+        return asked
+    if submission.is_file() and submission.stem in known:
+        return [submission.stem]
+    if submission.is_dir():
+        from autograder.load import LoadError, find_stage_file
+
+        held = []
+        for s in known:
+            try:
+                if find_stage_file(submission, s) is not None:
+                    held.append(s)
+            except LoadError:
+                held.append(s)  # graded, so the student reads why it cannot be
+        return held or known
+    return known
