@@ -4,6 +4,7 @@ earlier stage when both lose points."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import nbformat
@@ -80,6 +81,14 @@ def test_load_stage_refuses_a_cycle(tmp_path, monkeypatch, kernel_mode):
             parts._loading.clear()
 
 
+@contextlib.contextmanager
+def _toy_stages():
+    """The toy stages of tests/toy_stage/ in the registry, for the duration of the block."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(STAGE_PATH_ENV, str(ROOT / "tests" / "toy_stage"))
+        yield
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     from autograder.grade import Grader
@@ -90,16 +99,8 @@ def graded(tmp_path_factory):
     write_py(root / "bad_base", "99_toy", BUGGY)
     write_py(root / "bad_base", "98_toy_uses", USES)
     write_py(root / "no_base", "98_toy_uses", USES)
-    old = os.environ.get(STAGE_PATH_ENV)
-    os.environ[STAGE_PATH_ENV] = str(ROOT / "tests" / "toy_stage")
-    try:
-        with Grader() as grader:
-            return {n: grader.grade(root / n, ["98_toy_uses"]) for n in ("good", "bad_base", "no_base")}
-    finally:
-        if old is None:
-            os.environ.pop(STAGE_PATH_ENV)
-        else:
-            os.environ[STAGE_PATH_ENV] = old
+    with _toy_stages(), Grader() as grader:
+        return {n: grader.grade(root / n, ["98_toy_uses"]) for n in ("good", "bad_base", "no_base")}
 
 
 def test_the_submissions_own_earlier_stage_is_used(graded):
@@ -133,16 +134,8 @@ def test_dataclasses_work_in_a_py_submission_and_in_a_part(tmp_path):
     )
     write_py(tmp_path / "s", "99_toy", code)
     write_py(tmp_path / "s", "98_toy_uses", uses)
-    old = os.environ.get(STAGE_PATH_ENV)
-    os.environ[STAGE_PATH_ENV] = str(ROOT / "tests" / "toy_stage")
-    try:
-        with Grader() as grader:
-            r = grader.grade(tmp_path / "s", ["99_toy", "98_toy_uses"])
-    finally:
-        if old is None:
-            os.environ.pop(STAGE_PATH_ENV)
-        else:
-            os.environ[STAGE_PATH_ENV] = old
+    with _toy_stages(), Grader() as grader:
+        r = grader.grade(tmp_path / "s", ["99_toy", "98_toy_uses"])
     toy, uses_toy = r.stages
     assert [t.score for t in toy.tests if t.function == "scale_rows"] == [2, 1], toy.notes
     assert uses_toy.score == 2, uses_toy.notes
