@@ -30,7 +30,6 @@ import dataclasses
 import json
 import os
 import sys
-import tempfile
 import time
 import traceback
 import zipfile
@@ -38,6 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+from autograder.report import write_json
 
 if TYPE_CHECKING:
     from autograder.results import SubmissionResult, TestResult
@@ -243,15 +244,6 @@ def student_view(result: SubmissionResult) -> dict[str, Any]:
     return data
 
 
-def _write(data: dict[str, Any], path: Path) -> None:
-    """Atomically, replacing whatever is there (a file the submission may have planted)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results-", suffix=".json")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-
-
 def _student_name(root: Path) -> str:
     try:
         users = json.loads((root / "submission_metadata.json").read_text())["users"]
@@ -282,7 +274,7 @@ def run(root: Path) -> int:
             result = grader.grade(submission, stages, student=_student_name(root))
         data = student_view(result)
         data["execution_time"] = round(time.monotonic() - t0, 3)
-        _write(data, results)
+        write_json(data, results)
         # stdout is hidden from students: the instructor's full view, per case
         print(f"bertlab from {PROJECT}")
         print(f"graded {submission} on {', '.join(stages)}: {result.score:g}/{result.max_score:g}")
@@ -299,7 +291,7 @@ def run(root: Path) -> int:
         print("bertlab: the autograder failed:", flush=True)
         traceback.print_exc(file=sys.stdout)
         try:
-            _write(
+            write_json(
                 failure_results(config.get("max_score", 0), time.monotonic() - t0, config.get("stages")),
                 results,
             )

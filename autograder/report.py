@@ -69,9 +69,14 @@ def to_gradescope(result: SubmissionResult) -> dict[str, Any]:
 
 
 def write_results(result: SubmissionResult, path: Path) -> None:
-    """Write atomically, so a reader never sees half a file."""
+    write_json(to_gradescope(result), path)
+
+
+def write_json(data: dict[str, Any], path: Path) -> None:
+    """Write atomically, so a reader never sees half a file (and a file planted at ``path``
+    is replaced, not written through)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(to_gradescope(result), indent=2, ensure_ascii=False) + "\n"
+    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results-", suffix=".json")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
