@@ -147,6 +147,11 @@ def main(job_dir: str, event_fd: int) -> int:
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+        # The CUDA context is made here, before confinement: the driver reads its files and
+        # reserves a large address range, which the address-space limit below then counts
+        # as already there (the fork server never touches CUDA: a context does not survive
+        # fork). A student's first .to("cuda") would otherwise fail inside the sandbox.
+        torch.empty(1, device=device)
     work = job / "work"
     # Everything the child needs is read: from here on it can reach nothing else.
     started = time.perf_counter()

@@ -10,6 +10,7 @@ and a fresh one resumes after it, so every other call is still made.
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import select
@@ -197,14 +198,19 @@ class _Events:
     """JSON lines from the child, bounded in size; garbage is ignored, not trusted."""
 
     def __init__(self, fd: int) -> None:
-        self.fd, self.buf, self.total, self.eof = fd, b"", 0, False
+        self.fd, self.total, self.eof = fd, 0, False
+        self.pending: list[bytes] = []  # the start of a line not yet ended (a big output's blob)
+        try:  # fewer, larger reads for the megabytes a big output sends
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
+        except OSError:
+            pass
 
     def read(self, timeout: float) -> list[dict[str, Any]] | None:
         """Events that arrived within ``timeout`` seconds; None on time-out."""
         ready, _, _ = select.select([self.fd], [], [], max(timeout, 0.0))
         if not ready:
             return None
-        chunk = os.read(self.fd, 1 << 16)
+        chunk = os.read(self.fd, 1 << 20)
         if not chunk:
             self.eof = True
             return []
@@ -212,8 +218,15 @@ class _Events:
         if self.total > MAX_EVENT_BYTES:
             self.eof = True
             return []
-        self.buf += chunk
-        *lines, self.buf = self.buf.split(b"\n")
+        # only the new bytes are searched for line ends: a line of many chunks is joined
+        # once, when it ends (searching the whole buffer each time is quadratic)
+        lines = chunk.split(b"\n")
+        if len(lines) == 1:
+            self.pending.append(chunk)
+            return []
+        lines[0] = b"".join([*self.pending, lines[0]])
+        tail = lines.pop()
+        self.pending = [tail] if tail else []
         events = []
         for line in lines:
             try:

@@ -4,10 +4,11 @@ import pytest
 
 from autograder.grade import Grader
 from autograder.runner import Limits
+from tests.support import CALL_S, DEVICE
 
 
 @pytest.fixture(scope="module")
 def grader():
     """One grader (one fork server, expected values computed once) per test module."""
-    with Grader(limits=Limits(call_s=2.0, cell_s=5.0, submission_s=60.0)) as g:
+    with Grader(device=DEVICE, limits=Limits(call_s=CALL_S, cell_s=5.0, submission_s=60.0)) as g:
         yield g

@@ -12,7 +12,7 @@ import pytest
 
 from autograder.report import to_gradescope
 from autograder.stages import load_spec
-from tests.support import ROOT, assert_gradescope_results, once_per_session
+from tests.support import CALL_S, DEVICE, ROOT, assert_gradescope_results, once_per_session
 
 CLASS = ROOT / "examples" / "class"
 EXPECTED_DIR = ROOT / "examples" / "expected"
@@ -44,7 +44,7 @@ def _grade_class() -> dict[str, dict]:
     from autograder.runner import Limits
 
     out = {}
-    with Grader(limits=Limits(call_s=2.0)) as grader:
+    with Grader(device=DEVICE, limits=Limits(call_s=CALL_S)) as grader:
         for student, stage in CASES:
             r = grader.grade(CLASS / student, [stage])
             out[f"{student}/{stage}"] = {
@@ -57,7 +57,7 @@ def _grade_class() -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory) -> dict[str, dict]:
-    return once_per_session(tmp_path_factory, "example_class", _grade_class)
+    return once_per_session(tmp_path_factory, f"example_class_{DEVICE}", _grade_class)
 
 
 def _result(graded: dict, student: str, stage: str = "01_attention") -> dict:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from autograder.report import to_gradescope
 from tests.support import ROOT, no_process_left, write_py
@@ -229,3 +231,47 @@ def test_one_tensor_passed_as_several_arguments_crosses_the_boundary():
     q, k, first = back["args"]
     assert torch.equal(q, x) and torch.equal(k, x) and torch.equal(first, x[0])
     assert q.data_ptr() != k.data_ptr()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    events=st.lists(
+        st.fixed_dictionaries(
+            {"e": st.sampled_from(["call", "call_end", "cell"]), "i": st.integers(0, 99)}
+        ).map(
+            lambda ev: {**ev, "blob": "x" * (ev["i"] * 997)}  # lines from a few bytes to ~100 kB
+        ),
+        max_size=12,
+    ),
+    cuts=st.lists(st.integers(1, 300_000), max_size=20),
+    garbage=st.booleans(),
+)
+def test_events_arrive_whole_however_the_pipe_cuts_them(events, cuts, garbage):
+    import json
+    import os
+
+    from autograder.runner import _Events
+
+    data = b"".join(json.dumps(ev).encode() + b"\n" for ev in events)
+    if garbage:
+        data = b"{not json\n" + data + b"half a line, never ended"
+    r, w = os.pipe()
+    reader, got = _Events(r), []
+    try:
+        at = 0
+        for cut in [*sorted(set(cuts)), len(data)]:
+            piece, at = data[at:cut], max(at, cut)
+            while piece:  # the pipe holds at most its capacity: read as it fills
+                n = os.write(w, piece[: 1 << 16])
+                piece = piece[n:]
+                while (out := reader.read(0)) is not None:
+                    got += out
+        os.close(w)
+        w = -1
+        while not reader.eof:
+            got += reader.read(1) or []
+    finally:
+        os.close(r)
+        if w != -1:
+            os.close(w)
+    assert got == events

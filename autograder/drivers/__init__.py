@@ -11,6 +11,11 @@ graded by ``autograder.drivers.normalization.batchnorm_steps(ns, data, device)``
   ``state``.
 - it returns the graded name's outputs (a tuple when there are several).
 
+The forbidden-call detector watches the whole driver call, unless the driver is marked
+``@watches_itself``: then it gets ``watch=`` (a context manager) and enters it around the
+part that computes the result (09 builds and loads a 22M-parameter model before its forward;
+watching that would only cost time: the child's KernelGuard still stops a forbidden kernel there).
+
 Drivers run where student code runs, and they ship to students with the self-check, so
 they hold no solution and no secret: only the protocol of calling the student's code
 (e.g. run several train steps, then eval, and return the running statistics after each;
@@ -27,6 +32,12 @@ from collections.abc import Callable
 from typing import Any
 
 Driver = Callable[[dict[str, Any], dict[str, Any], str], Any]
+
+
+def watches_itself(driver: Driver) -> Driver:
+    """Mark a driver that takes ``watch=`` and enters it around the graded computation."""
+    driver.watches_itself = True  # type: ignore[attr-defined]
+    return driver
 
 
 def resolve(path: str) -> Driver:

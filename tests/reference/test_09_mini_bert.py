@@ -97,3 +97,21 @@ def test_the_stage_on_real_weights_runs_the_students_parts():
     assert stage.uses == ("02_multihead", "06_transformer_block")
     assert load_spec("06_transformer_block").uses == ("02_multihead",)
     assert load_spec("02_multihead").uses == ("01_attention",)
+
+
+def test_every_call_gets_the_checkpoint_whatever_the_last_load_pretrained_did_to_it():
+    from autograder.drivers.bert import _weights
+
+    pristine = {k: v.clone() for k, v in _weights().items()}
+    first = minilm_weights()
+    a, b, c, d, e = list(first)[:5]
+    first[a].mul_(2)  # in place
+    first[b].resize_(3)  # reshaped
+    first[c].requires_grad_()
+    first[d].set_(torch.zeros(5))  # moved to other memory
+    del first[e]
+    first["extra"] = torch.zeros(1)
+    again = minilm_weights()
+    assert list(again) == list(pristine)
+    for k, v in pristine.items():
+        assert torch.equal(again[k], v) and not again[k].requires_grad, k
