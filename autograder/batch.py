@@ -189,8 +189,15 @@ _grader = None
 
 def _init_worker(device: str, call_s: float | None, submission_s: float) -> None:
     global _grader
+    import torch
+
     from autograder.grade import Grader
     from autograder.runner import Limits
+
+    # Workers already fill the cores, one each (and each one's child runs beside it): torch's
+    # thread pool in a worker would only oversubscribe them. With two threads per worker on
+    # two cores, the comparisons ran 25x slower (threads spinning while the other core works).
+    torch.set_num_threads(1)
 
     _grader = Grader(device=device, limits=Limits(call_s=call_s, submission_s=submission_s))
 

@@ -106,6 +106,9 @@ class ForkServer:
             "PYTHONHASHSEED": "0",
             "PYTHONDONTWRITEBYTECODE": "1",
             "MPLBACKEND": "Agg",
+            # torch asks for transparent huge pages for its tensors of 2 MB and more: a child
+            # is a fresh process, and 09 fills ~1 GB of new memory in 4 KB page faults otherwise
+            "THP_MEM_ALLOC_ENABLE": "1",
         }
         # -I: the server ignores PYTHON* variables and the user's site-packages
         self.proc = subprocess.Popen(
