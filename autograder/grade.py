@@ -12,6 +12,7 @@ import re
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -89,6 +90,40 @@ def run_trusted(
     return outs
 
 
+class LazyVariants(Sequence[tuple[str, list[Tensor]]]):
+    """The misconception variants' outputs on one case, as (misconception id, outputs),
+    computed the first time a failing submission needs them: most submissions pass most
+    cases, and a class's grading starts sooner without them (09's plan: 1.9 -> 0.6 s).
+    Computed at most once; a variant that does not apply to the case (ValueError) is left out."""
+
+    def __init__(self, graded: Graded, data: CaseData, device: str, spec: StageSpec) -> None:
+        self._case: tuple[Graded, CaseData, str, StageSpec] | None = (graded, data, device, spec)
+        self._outputs: tuple[tuple[str, list[Tensor]], ...] = ()
+
+    def _computed(self) -> tuple[tuple[str, list[Tensor]], ...]:
+        if self._case is not None:
+            graded, data, device, spec = self._case
+            outputs = []
+            for variant in graded.variants:
+                try:
+                    outputs.append(
+                        (
+                            variant.misconception,
+                            run_trusted(variant.fn, graded, data, device, spec, variant.replaces),
+                        )
+                    )
+                except ValueError:
+                    continue
+            self._outputs, self._case = tuple(outputs), None
+        return self._outputs
+
+    def __len__(self) -> int:
+        return len(self._computed())
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._computed()[i]
+
+
 @dataclass
 class PlannedCase:
     index: int
@@ -123,17 +158,7 @@ class StagePlan:
                 for case in test.cases:
                     data = build_case(spec, graded, test, case)
                     expected = run_trusted(graded.reference, graded, data, device, spec)
-                    variants = []
-                    for variant in graded.variants:
-                        try:
-                            variants.append(
-                                (
-                                    variant.misconception,
-                                    run_trusted(variant.fn, graded, data, device, spec, variant.replaces),
-                                )
-                            )
-                        except ValueError:  # a variant that does not apply to this case
-                            continue
+                    variants = LazyVariants(graded, data, device, spec)
                     regions = (
                         graded.graded_region(data) if graded.graded_region else (None,) * len(graded.outputs)
                     )
