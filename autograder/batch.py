@@ -10,8 +10,9 @@ Layouts: nbgrader's ``CLASS/submitted/<student>/<stage>/<files>`` and a flat
 ``CLASS/<student>/<files>``. Work is split by student (``shard=(k, n)``) so a job array
 on a cluster runs one shard per task, and ``merge`` combines their databases.
 
-Only this (trusted) process writes the database; workers are trusted graders too (each
-owns a fork server) and send back results, never student text to execute.
+Only this (trusted) process grades and writes the database: its worker threads share one
+``Grader`` (one fork server, one set of expected values), and student code runs only in
+the fork server's children.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import concurrent.futures as cf
 import dataclasses
 import hashlib
 import json
-import multiprocessing
 import os
 import sqlite3
 import statistics
@@ -184,29 +184,11 @@ class Gradebook:
 
 # -- workers --------------------------------------------------------------------------------
 
-_grader = None
 
-
-def _init_worker(device: str, call_s: float | None, submission_s: float) -> None:
-    global _grader
-    import torch
-
-    from autograder.grade import Grader
-    from autograder.runner import Limits
-
-    # Workers already fill the cores, one each (and each one's child runs beside it): torch's
-    # thread pool in a worker would only oversubscribe them. With two threads per worker on
-    # two cores, the comparisons ran 25x slower (threads spinning while the other core works).
-    torch.set_num_threads(1)
-
-    _grader = Grader(device=device, limits=Limits(call_s=call_s, submission_s=submission_s))
-
-
-def _grade_student(units: list[Unit]) -> list[tuple[Unit, dict[str, Any]]]:
+def _grade_student(grader: Any, units: list[Unit]) -> list[tuple[Unit, dict[str, Any]]]:
     """One student's stages in one go: a stage that runs an earlier one reuses that stage's
     grade to say whether it fails too, instead of grading it again."""
-    assert _grader is not None
-    r = _grader.grade(units[0].submission, [u.stage for u in units], student=units[0].student)
+    r = grader.grade(units[0].submission, [u.stage for u in units], student=units[0].student)
     return [
         (u, {**dataclasses.asdict(stage), "score": stage.score, "max_score": stage.max_score})
         for u, stage in zip(units, r.stages, strict=True)
@@ -230,7 +212,19 @@ def run(
     submission_s: float = 120.0,
     progress: Any = None,
 ) -> BatchReport:
-    """Grade ``units`` not already in ``book`` (with the same fingerprint), ``workers`` at a time."""
+    """Grade ``units`` not already in ``book`` (with the same fingerprint), ``workers`` at a time.
+
+    One ``Grader`` serves every worker: one fork server, and each stage's expected values
+    computed once. The workers are threads of this process: what they wait for is their
+    child (a student's code, a process of its own), while the parent's share (reading
+    notebooks, comparing) is a small part. Processes would each import torch, start a fork
+    server and build every plan: at two workers on two cores, a class started 12 s later
+    and held a gigabyte more."""
+    import torch
+
+    from autograder.grade import Grader
+    from autograder.runner import Limits
+
     done = {} if regrade else book.done()
     todo = [u for u in units if done.get((u.student, u.stage)) != u.fingerprint]
     t0 = time.monotonic()
@@ -238,22 +232,32 @@ def run(
         progress(0, len(todo))
     if not todo:
         return BatchReport(0, len(units), 0.0)
-    # spawn, not fork: each worker starts its own clean fork server (no inherited threads)
-    ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(
-        max_workers=max(1, min(workers, len(todo))),
-        mp_context=ctx,
-        initializer=_init_worker,
-        initargs=(device, call_s, submission_s),
-    ) as pool:
-        futures = [pool.submit(_grade_student, group) for group in _by_student(todo)]
-        n = 0
-        for future in cf.as_completed(futures):
-            for unit, result in future.result():
-                book.put(unit, result)  # one transaction per grade
-                n += 1
-            if progress is not None:
-                progress(n, len(todo))
+    threads = torch.get_num_threads()
+    # The cores are the workers' (and their children's): torch's own thread pool in this
+    # process would oversubscribe them (two threads on two busy cores made comparisons 25x slower).
+    torch.set_num_threads(1)
+    try:
+        with Grader(device=device, limits=Limits(call_s=call_s, submission_s=submission_s)) as grader:
+            grader.prepare(sorted({u.stage for u in todo}))
+            # torch's thread count is per thread (OpenMP): each worker sets its own
+            pool = cf.ThreadPoolExecutor(
+                max_workers=max(1, min(workers, len(todo))), initializer=torch.set_num_threads, initargs=(1,)
+            )
+            try:
+                futures = [pool.submit(_grade_student, grader, group) for group in _by_student(todo)]
+                n = 0
+                for future in cf.as_completed(futures):
+                    for unit, result in future.result():
+                        book.put(unit, result)  # one transaction per grade, in this thread only
+                        n += 1
+                    if progress is not None:
+                        progress(n, len(todo))
+            finally:
+                # on Ctrl-C (or a grader fault) the students not started are not graded:
+                # the workers finish the student they hold, the gradebook keeps every grade
+                pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        torch.set_num_threads(threads)
     return BatchReport(len(todo), len(units) - len(todo), time.monotonic() - t0)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -99,9 +100,14 @@ class LazyVariants(Sequence[tuple[str, list[Tensor]]]):
     def __init__(self, graded: Graded, data: CaseData, device: str, spec: StageSpec) -> None:
         self._case: tuple[Graded, CaseData, str, StageSpec] | None = (graded, data, device, spec)
         self._outputs: tuple[tuple[str, list[Tensor]], ...] = ()
+        self._lock = threading.Lock()  # batch workers are threads sharing one plan
 
     def _computed(self) -> tuple[tuple[str, list[Tensor]], ...]:
-        if self._case is not None:
+        if self._case is None:
+            return self._outputs
+        with self._lock:
+            if self._case is None:
+                return self._outputs
             graded, data, device, spec = self._case
             outputs = []
             for variant in graded.variants:
@@ -322,17 +328,33 @@ class Grader:
         self.keep_arrays = keep_arrays
         self._plans: dict[str, StagePlan] = {}
         self._server: ForkServer | None = None
+        # one Grader may serve several threads (batch's workers): what it builds once is
+        # built under this lock; grading itself shares nothing mutable
+        self._lock = threading.RLock()
 
     def plan(self, stage: str) -> StagePlan:
-        if stage not in self._plans:
-            self._plans[stage] = StagePlan.build(load_spec(stage), self.device)
-        return self._plans[stage]
+        plan = self._plans.get(stage)
+        if plan is None:
+            with self._lock:
+                if stage not in self._plans:
+                    self._plans[stage] = StagePlan.build(load_spec(stage), self.device)
+                plan = self._plans[stage]
+        return plan
 
     @property
     def server(self) -> ForkServer:
         if self._server is None:
-            self._server = ForkServer()
+            with self._lock:
+                if self._server is None:
+                    self._server = ForkServer()
         return self._server
+
+    def prepare(self, stages: list[str]) -> None:
+        """Start the fork server (it warms up meanwhile) and compute ``stages``' expected
+        values and those of the stages they run, before any submission is graded."""
+        self.server  # noqa: B018  (starts it)
+        for stage in sorted(set(stages) | {dep for s in stages for dep in requires(s)}):
+            self.plan(stage).inputs_file  # noqa: B018  (serialised once, here)
 
     def close(self) -> None:
         if self._server is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,18 +129,18 @@ def _code_cells(text: str, name: str) -> list[tuple[str, list[str]]]:
     ]
 
 
-_transformer = None
+_local = threading.local()  # one IPython TransformerManager per thread (batch's workers are threads)
 _MAGIC_LINE = re.compile(r"^\s*[%!]|\?\s*$", re.MULTILINE)
 WHOLE_CELL_MAGICS = 50  # IPython re-reads a cell once per magic: beyond this, line by line
 
 
 def _to_python(src: str) -> str:
     """IPython's own input transformation: magics and ``!`` lines become get_ipython() calls."""
-    global _transformer
+    _transformer = getattr(_local, "transformer", None)
     if _transformer is None:
         from IPython.core.inputtransformer2 import TransformerManager
 
-        _transformer = TransformerManager()
+        _transformer = _local.transformer = TransformerManager()
     try:
         if len(_MAGIC_LINE.findall(src)) <= WHOLE_CELL_MAGICS:
             return _transformer.transform_cell(src)

@@ -374,10 +374,12 @@ def run_submission(
                             finished = True
             finally:
                 _kill_group(pid)
-                if uid is not None:  # whatever detached from the group still has the job's uid
-                    sandbox.kill_uid(uid)
                 os.close(r)
-            code = exits.get(timeout=30).get("exit")
+                try:  # reaped first, so the sweep below finds only what detached
+                    code = exits.get(timeout=30).get("exit")
+                finally:
+                    if uid is not None:  # whatever detached from the group still has the job's uid
+                        sandbox.kill_uid(uid)
             if finished:
                 break
             # The child hung or died part-way: charge it to what was running, resume after it.

@@ -467,21 +467,11 @@ def lease_uid() -> Iterator[int | None]:
 def kill_uid(uid: int) -> int:
     """SIGKILL every process owned by ``uid`` (what a job left behind, however it detached).
     Returns how many were found."""
-    found = 0
+    import time
+
+    found, pause = 0, 0.001
     for _ in range(50):
-        pids = []
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/status") as f:
-                    for line in f:
-                        if line.startswith("Uid:"):
-                            if int(line.split()[1]) == uid:
-                                pids.append(int(entry.name))
-                            break
-            except (OSError, ValueError):
-                continue
+        pids = [pid for pid in _pids() if _real_uid(pid) == uid]
         if not pids:
             return found
         found += len(pids)
@@ -490,7 +480,29 @@ def kill_uid(uid: int) -> int:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        import time
-
-        time.sleep(0.01)
+        time.sleep(pause)  # until the killed are reaped (a zombie still lists its uid)
+        pause = min(2 * pause, 0.02)
     return found
+
+
+def _pids() -> list[int]:
+    return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
+
+
+def _real_uid(pid: int) -> int | None:
+    """The real uid on the ``Uid:`` line of /proc/PID/status; None if the process is gone."""
+    try:
+        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        head = os.read(fd, 2048)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    at = head.find(b"\nUid:")
+    try:
+        return int(head[at + 5 :].split(None, 1)[0]) if at >= 0 else None
+    except ValueError:
+        return None

@@ -266,6 +266,52 @@ def grade_class(class_dir: Path, workers: int, db: Path, kinds: dict[tuple[str, 
     )
 
 
+def grade_sharded(class_dir: Path, workers: int, shards: int, base: Path, whole: Path) -> dict[str, Any]:
+    """The class as ``shards`` shards (``--shard K/N``) graded one after another, each by a
+    fresh ``batch`` run into its own gradebook (what one task of a job array does), then
+    ``merge``d: the wall times, and whether the merged book equals the unsharded one."""
+    from autograder.batch import Gradebook, discover, run
+
+    per_shard, t0 = [], time.perf_counter()
+    books = []
+    for k in range(1, shards + 1):
+        db = base / f"shard{k}of{shards}.db"
+        db.unlink(missing_ok=True)
+        t = time.perf_counter()
+        units = discover(class_dir, None, (k, shards))
+        with Gradebook(db) as book:
+            run(units, book, workers)
+        per_shard.append(
+            {
+                "students": len({u.student for u in units}),
+                "units": len(units),
+                "wall_s": time.perf_counter() - t,
+            }
+        )
+        books.append(db)
+    t = time.perf_counter()
+    merged = base / f"merged{shards}.db"
+    merged.unlink(missing_ok=True)
+    with Gradebook(merged) as book:
+        for db in books:
+            book.merge(db)
+        rows = book.rows()
+    merge_s = time.perf_counter() - t
+    with Gradebook(whole) as book:
+        reference = book.rows()
+
+    def scores(rs: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+        return {(r["student"], r["stage"]): r["score"] for r in rs}
+
+    return {
+        "shards": shards,
+        "per_shard": per_shard,
+        "merge_s": merge_s,
+        "wall_s": time.perf_counter() - t0,
+        "same_grades": scores(rows) == scores(reference),
+    }
+
+
 # -- nbgrader -------------------------------------------------------------------------------
 
 
@@ -512,6 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample", type=int, default=20, help="notebooks graded by nbgrader (default 20)")
     ap.add_argument("--seed", type=int, default=9)
     ap.add_argument("--memory-scaling", action="store_true", help="also grade 50 and 200 students: peak RSS")
+    ap.add_argument(
+        "--shards", type=int, default=0, help="also grade the class as N shards one after another, then merge"
+    )
     ap.add_argument("--skip-nbgrader", action="store_true")
     ap.add_argument("--skip-selfcheck", action="store_true")
     ap.add_argument("--skip-floor", action="store_true")
@@ -553,6 +602,20 @@ def main(argv: list[str] | None = None) -> int:
             f"{ {k: round(v['mean_fraction'], 3) for k, v in ours.scores.items()} }",
             flush=True,
         )
+
+        sharded = None
+        if args.shards > 1:
+            sharded = grade_sharded(
+                class_dir, args.workers, args.shards, base, base / f"gradebook{args.students}.db"
+            )
+            figures["sharded"] = sharded
+            walls = ", ".join(f"{x['wall_s']:.1f}" for x in sharded["per_shard"])
+            print(
+                f"  {args.shards} shards one after another: {sharded['wall_s']:.1f} s "
+                f"(shards {walls} s, "
+                f"merge {sharded['merge_s']:.2f} s); same grades as unsharded: {sharded['same_grades']}",
+                flush=True,
+            )
 
         nbg = None
         if not args.skip_nbgrader and args.sample > 0:
@@ -645,6 +708,24 @@ def main(argv: list[str] | None = None) -> int:
             f"sum over up to {ours.peak_procs} processes (shared pages counted per process)",
         )
     )
+    if sharded:
+        overhead = sharded["wall_s"] / ours.wall_s
+        rows.append(
+            (
+                f"{sharded['shards']} shards, one after another",
+                f"{sharded['wall_s']:.1f} s",
+                f"{overhead:.2f}x the unsharded run; merge {sharded['merge_s']:.2f} s; "
+                f"grades {'identical' if sharded['same_grades'] else 'DIFFER'}",
+            )
+        )
+        start = sum(x["wall_s"] for x in sharded["per_shard"]) - ours.wall_s
+        rows.append(
+            (
+                "  overhead per shard",
+                f"{start / sharded['shards']:.1f} s",
+                "(sum of shard walls - unsharded wall) / shards: each task's start-up",
+            )
+        )
     if nbg:
         nb_per = nbg["seconds"] / nbg["notebooks"]
         ratio = nb_per / per_nb
