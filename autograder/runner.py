@@ -9,7 +9,9 @@ and a fresh one resumes after it, so every other call is still made.
 
 from __future__ import annotations
 
+import atexit
 import base64
+import contextlib
 import fcntl
 import json
 import os
@@ -126,6 +128,35 @@ class ForkServer:
         self._gone = False
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        self._cleanups: Queue = Queue()
+        self._cleaner: threading.Thread | None = None
+        atexit.register(self.drain)  # a job's processes never outlive the grader
+
+    def defer(self, cleanup: Any) -> None:
+        """Run ``cleanup()`` soon, in a background thread: the end of a finished job (wait
+        for the child to be reaped, sweep its uid, release the lease) overlaps with the
+        scoring of its results. ``drain()`` (and ``close()``) wait for all of them."""
+        with self._lock:
+            if self._cleaner is None:
+                self._cleaner = threading.Thread(target=self._clean, daemon=True)
+                self._cleaner.start()
+        self._cleanups.put(cleanup)
+
+    def _clean(self) -> None:
+        while True:
+            cleanup = self._cleanups.get()
+            try:
+                cleanup()
+            except Exception:  # a cleanup that fails must not stop the next ones
+                import traceback
+
+                traceback.print_exc(file=sys.stderr)
+            finally:
+                self._cleanups.task_done()
+
+    def drain(self) -> None:
+        """Wait until every deferred cleanup has run."""
+        self._cleanups.join()
 
     def _read(self) -> None:
         while True:
@@ -145,7 +176,11 @@ class ForkServer:
                 self._ready.set()
                 continue
             with self._lock:
-                q = self._waiting.get(reply["id"])
+                q = (
+                    self._waiting.pop(reply["id"], None)
+                    if "exit" in reply
+                    else self._waiting.get(reply["id"])
+                )
             if q is not None:
                 q.put(reply)
 
@@ -168,6 +203,7 @@ class ForkServer:
         return reply["pid"], q
 
     def close(self) -> None:
+        self.drain()  # before the socket closes: a cleanup waits for its child's exit message
         try:
             # close() alone does not end the reader thread's blocked recv(), so the server
             # would never see EOF (and close would wait out its 10 s); shutdown() does.
@@ -304,7 +340,12 @@ def run_submission(
     restarts = 0
     max_restarts = MAX_RESTARTS + 2 * len({c.name for c in calls})
     stopped = f"not run: the submission used up its {limits.submission_s:g} s"
-    with tempfile.TemporaryDirectory(prefix="bertlab-job-") as tmp, sandbox.lease_uid() as uid:
+    last_exit: Queue | None = None
+    job_end = contextlib.ExitStack()  # the job dir and the uid lease: closed now, or deferred
+    deferred = False
+    try:
+        tmp = job_end.enter_context(tempfile.TemporaryDirectory(prefix="bertlab-job-"))
+        uid = job_end.enter_context(sandbox.lease_uid())
         job = Path(tmp)
         (job / "work").mkdir()
         os.chmod(job, 0o711)  # the child's unprivileged uid may pass through to its work dir
@@ -375,12 +416,14 @@ def run_submission(
             finally:
                 _kill_group(pid)
                 os.close(r)
-                try:  # reaped first, so the sweep below finds only what detached
-                    code = exits.get(timeout=30).get("exit")
-                finally:
-                    if uid is not None:  # whatever detached from the group still has the job's uid
-                        sandbox.kill_uid(uid)
+                if not finished:
+                    try:  # reaped first, so the sweep below finds only what detached
+                        code = exits.get(timeout=30).get("exit")
+                    finally:
+                        if uid is not None:  # whatever detached from the group still has the job's uid
+                            sandbox.kill_uid(uid)
             if finished:
+                last_exit = exits  # its exit and the final sweep are awaited in the background
                 break
             # The child hung or died part-way: charge it to what was running, resume after it.
             if current is None:
@@ -436,7 +479,21 @@ def run_submission(
                         "bad_return", {"message": f"unreadable returned values ({exc})"}
                     )
         stdout = _read_head(job / "stdout.txt", MAX_STDOUT)
-    return RunReport(outcomes, cell_errors, notes, stdout, restarts, time.monotonic() - t0)
+        report = RunReport(outcomes, cell_errors, notes, stdout, restarts, time.monotonic() - t0)
+        if last_exit is not None:
+
+            def end_job(exits: Queue = last_exit) -> None:
+                try:
+                    exits.get(timeout=30)  # reaped: the lease's sweep then finds only what detached
+                finally:
+                    job_end.close()
+
+            server.defer(end_job)
+            deferred = True
+        return report
+    finally:
+        if not deferred:
+            job_end.close()
 
 
 def _read_head(path: Path, limit: int) -> str:
