@@ -11,7 +11,6 @@ reads what it left only after it has exited.
 
 from __future__ import annotations
 
-import base64
 import builtins
 import json
 import linecache
@@ -118,9 +117,9 @@ def _run_call(
                 }
             saved[f"o{k}"] = t
         described.append({"kind": kind, **{f: _text(v)[:100] for f, v in facts.items()}})
-    # the values travel on the event pipe: the child writes no file the parent reads
-    blob = base64.b64encode(safetensors.torch.save(saved)).decode("ascii")
-    return {"status": "ok", "outputs": described, "blob": blob}
+    # the values travel on the event pipe, as raw bytes after the event's line: the child
+    # writes no file the parent reads
+    return {"status": "ok", "outputs": described, "raw": safetensors.torch.save(saved)}
 
 
 def main(job_dir: str, event_fd: int) -> int:
@@ -128,8 +127,14 @@ def main(job_dir: str, event_fd: int) -> int:
     job = Path(job_dir)
     events = os.fdopen(event_fd, "wb", buffering=0)
 
-    def emit(**event: Any) -> None:
-        events.write((json.dumps(event) + "\n").encode())
+    def emit(raw: bytes | None = None, **event: Any) -> None:
+        """One JSON line; with ``raw``, the line says how many bytes follow it, then those."""
+        if raw is not None:
+            event["raw"] = len(raw)
+        for data in ((json.dumps(event) + "\n").encode(), raw or b""):
+            view = memoryview(data)
+            while view:
+                view = view[events.write(view) :]
 
     log = os.open(job / "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)

@@ -10,7 +10,6 @@ and a fresh one resumes after it, so every other call is still made.
 from __future__ import annotations
 
 import atexit
-import base64
 import contextlib
 import fcntl
 import json
@@ -138,11 +137,11 @@ class ForkServer:
         scoring of its results. ``drain()`` (and ``close()``) wait for all of them."""
         with self._lock:
             if self._cleaner is None:
-                self._cleaner = threading.Thread(target=self._clean, daemon=True)
+                self._cleaner = threading.Thread(target=self._run_cleanups, daemon=True)
                 self._cleaner.start()
         self._cleanups.put(cleanup)
 
-    def _clean(self) -> None:
+    def _run_cleanups(self) -> None:
         while True:
             cleanup = self._cleanups.get()
             try:
@@ -234,11 +233,16 @@ def _kill_group(pid: int) -> None:
 
 
 class _Events:
-    """JSON lines from the child, bounded in size; garbage is ignored, not trusted."""
+    """JSON lines from the child, bounded in size; garbage is ignored, not trusted. A line
+    with ``"raw": N`` is followed by N bytes of returned values (a safetensors file), which
+    arrive as that event's ``blob``."""
 
     def __init__(self, fd: int) -> None:
         self.fd, self.total, self.eof = fd, 0, False
-        self.pending: list[bytes] = []  # the start of a line not yet ended (a big output's blob)
+        self.pending: list[bytes] = []  # the start of a line not yet ended
+        self.raw_event: dict[str, Any] | None = None  # the event whose raw bytes are arriving
+        self.raw_parts: list[bytes] = []
+        self.raw_need = 0
         try:  # fewer, larger reads for the megabytes a big output sends
             fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
         except OSError:
@@ -257,24 +261,49 @@ class _Events:
         if self.total > MAX_EVENT_BYTES:
             self.eof = True
             return []
-        # only the new bytes are searched for line ends: a line of many chunks is joined
-        # once, when it ends (searching the whole buffer each time is quadratic)
-        lines = chunk.split(b"\n")
-        if len(lines) == 1:
-            self.pending.append(chunk)
-            return []
-        lines[0] = b"".join([*self.pending, lines[0]])
-        tail = lines.pop()
-        self.pending = [tail] if tail else []
-        events = []
-        for line in lines:
-            try:
-                ev = json.loads(line)
-            except (ValueError, RecursionError):  # garbage, or nesting built to crash a parser
+        return self._feed(chunk)
+
+    def _feed(self, data: bytes) -> list[dict[str, Any]]:
+        # only new bytes are searched for line ends, and a line or a blob of many chunks is
+        # joined once, when complete (searching a growing buffer each time is quadratic)
+        events: list[dict[str, Any]] = []
+        at = 0
+        while at < len(data):
+            if self.raw_event is not None:
+                take = data[at : at + self.raw_need]
+                self.raw_parts.append(take)
+                self.raw_need -= len(take)
+                at += len(take)
+                if self.raw_need == 0:
+                    self.raw_event["blob"] = b"".join(self.raw_parts)
+                    events.append(self.raw_event)
+                    self.raw_event, self.raw_parts = None, []
                 continue
-            if isinstance(ev, dict) and isinstance(ev.get("e"), str) and type(ev.get("i", 0)) is int:
-                events.append(_clean(ev))
+            end = data.find(b"\n", at)
+            if end < 0:
+                self.pending.append(data[at:])
+                break
+            line = b"".join([*self.pending, data[at:end]])
+            self.pending, at = [], end + 1
+            event = _parse(line)
+            if event is None:
+                continue
+            raw = event.pop("raw", None)
+            if type(raw) is int and 0 < raw <= MAX_OUTPUT_FILE:
+                self.raw_event, self.raw_need = event, raw
+            else:
+                events.append(event)
         return events
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    try:
+        ev = json.loads(line)
+    except (ValueError, RecursionError):  # garbage, or nesting built to crash a parser
+        return None
+    if isinstance(ev, dict) and isinstance(ev.get("e"), str) and type(ev.get("i", 0)) is int:
+        return _clean(ev)
+    return None
 
 
 def _clean(event: dict[str, Any]) -> dict[str, Any]:
@@ -403,11 +432,8 @@ def run_submission(
                             info = {k: v for k, v in ev.items() if k not in ("e", "i")}
                             blob = info.pop("blob", None)
                             outcomes[i] = CallOutcome(str(info.pop("status", "error")), info)
-                            if isinstance(blob, str):
-                                try:
-                                    outcomes[i].blob = base64.b64decode(blob, validate=True)
-                                except ValueError:
-                                    pass
+                            if isinstance(blob, bytes):
+                                outcomes[i].blob = blob
                             current = None
                         elif kind == "note" and len(notes) < 20:
                             notes.append(str(ev.get("text", ""))[:300])
