@@ -175,16 +175,21 @@ def batch(
             rate = n / max(time.monotonic() - t0, 1e-9)
             bar.update(task, completed=n, total=total, rate=f"{rate:.1f}/s" if n else "")
 
-        report = b.run(
-            units,
-            book,
-            workers or b.default_workers(),
-            regrade=regrade,
-            device=device,
-            call_s=call_timeout,
-            submission_s=submission_timeout,
-            progress=progress,
-        )
+        try:
+            report = b.run(
+                units,
+                book,
+                workers or b.default_workers(),
+                regrade=regrade,
+                device=device,
+                call_s=call_timeout,
+                submission_s=submission_timeout,
+                progress=progress,
+            )
+        except KeyboardInterrupt:  # the students in flight were finished, the rest not started
+            kept = len(book.done())
+            err.print(f"interrupted: {db} keeps {kept} grades; run the same command again to grade the rest")
+            raise typer.Exit(130) from None
         rows = [r for r in book.rows() if (r["student"], r["stage"]) in {(u.student, u.stage) for u in units}]
         if csv is not None:
             book.export_csv(csv)

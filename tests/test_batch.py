@@ -90,6 +90,47 @@ def test_a_batch_killed_halfway_finishes_when_run_again(klass, tmp_path):
     assert all(float(r["max"]) == 17 for r in table)
 
 
+def test_ctrl_c_keeps_the_grades_done_starts_nothing_new_and_leaves_no_process(klass, tmp_path):
+    db = tmp_path / "book.sqlite"
+    # SIGINT as a terminal sends it (a background job may have inherited it ignored)
+    proc = _batch(str(klass), "--db", str(db), "--workers", "1", preexec_fn=_sigint_default)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (db.exists() and len(_rows(db)) >= 1):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGINT)
+    out, errors = proc.communicate(timeout=60)
+    kept = _rows(db)
+    assert proc.returncode == 130, errors
+    assert f"keeps {len(kept)} grades; run the same command again" in errors
+    assert 1 <= len(kept) < len(STUDENTS)  # the student in flight finished; no new one started
+    assert _session(proc.pid) == []  # its fork server is gone (a child has a session of its own)
+
+    again = _batch(str(klass), "--db", str(db), "--workers", "2")
+    out, errors = again.communicate(timeout=300)
+    assert again.returncode == 0, errors
+    assert {s: score for s, (score, _) in _rows(db).items()} == STUDENTS
+
+
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _session(sid: int) -> list[int]:
+    """Live processes of session ``sid`` (the batch was started in a session of its own)."""
+    from pathlib import Path
+
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
 def test_regrade_of_unchanged_code_gives_identical_scores_and_changed_code_is_regraded(klass, tmp_path):
     db = tmp_path / "book.sqlite"
     first = _batch(str(klass), "--db", str(db))
