@@ -203,6 +203,7 @@ class ForkServer:
 
     def close(self) -> None:
         self.drain()  # before the socket closes: a cleanup waits for its child's exit message
+        atexit.unregister(self.drain)  # nothing left to drain: a closed server is not kept alive
         try:
             # close() alone does not end the reader thread's blocked recv(), so the server
             # would never see EOF (and close would wait out its 10 s); shutdown() does.

@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -118,16 +119,16 @@ def _sigint_default() -> None:
 
 def _session(sid: int) -> list[int]:
     """Live processes of session ``sid`` (the batch was started in a session of its own)."""
-    from pathlib import Path
+    from autograder.sandbox import _pids
 
     found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for pid in _pids():
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         if int(fields[3]) == sid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
+            found.append(pid)
     return found
 
 
