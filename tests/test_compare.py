@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autograder.compare import compare, matches
+from autograder.compare import _full, _region, compare, matches
 from autograder.spec import DEFAULT_TOLERANCES, Tolerance, tolerance_for
 
 TOL = Tolerance(rtol=1e-6, atol=1e-9)
@@ -84,3 +84,38 @@ def test_rounding_differences_of_correct_programs_pass(dtype):
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(8, 64, 64, generator=g).to(dtype), torch.randn(8, 64, 64, generator=g).to(dtype)
     assert compare(torch.einsum("bij,bjk->bik", a, b), a @ b, tolerance_for(dtype)).ok
+
+
+def _same(a, b) -> bool:
+    def num(x, y):
+        return x == y or (x != x and y != y)  # NaN == NaN here
+
+    return a.ok == b.ok and a.message == b.message and a.where == b.where and num(a.max_abs, b.max_abs) and (
+        num(a.max_rel, b.max_rel)
+    )
+
+
+_VALUES = st.sampled_from([0.0, 1.0, -2.5, 1e-12, 3e5, float("nan"), float("inf"), -float("inf")])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(1, 6),
+    seed=st.integers(0, 10_000),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    specials=st.lists(st.tuples(st.booleans(), st.integers(0, 5), _VALUES), max_size=4),
+    noise=st.sampled_from([0.0, 1e-12, 1e-7, 1e-3]),
+    with_region=st.booleans(),
+    tol=st.sampled_from([TOL, Tolerance(rtol=0.0, atol=0.0), Tolerance(rtol=1e-3, atol=1e-5)]),
+)
+def test_the_fast_path_gives_the_full_comparisons_verdict(n, seed, dtype, specials, noise, with_region, tol):
+    """compare() answers a finite pass without the full computation: the same Comparison,
+    field by field, as the full one, whatever NaN, inf, noise and region."""
+    g = torch.Generator().manual_seed(seed)
+    expected = torch.randn(n, 3, generator=g).to(dtype)
+    got = (expected.double() + noise * torch.randn(n, 3, generator=g, dtype=torch.float64)).to(dtype)
+    for in_got, at, value in specials:
+        (got if in_got else expected).view(-1)[at % got.numel()] = value
+    region = (torch.rand(n, 1, generator=g) > 0.3) if with_region else None
+    full = _full(got.double(), expected.double(), tol, _region(region, expected.shape))
+    assert _same(compare(got, expected, tol, region), full)

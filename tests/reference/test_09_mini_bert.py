@@ -100,9 +100,7 @@ def test_the_stage_on_real_weights_runs_the_students_parts():
 
 
 def test_every_call_gets_the_checkpoint_whatever_the_last_load_pretrained_did_to_it():
-    from autograder.drivers.bert import _weights
-
-    pristine = {k: v.clone() for k, v in _weights().items()}
+    pristine = {k: v.clone() for k, v in minilm_weights().items()}
     first = minilm_weights()
     a, b, c, d, e = list(first)[:5]
     first[a].mul_(2)  # in place
@@ -115,3 +113,31 @@ def test_every_call_gets_the_checkpoint_whatever_the_last_load_pretrained_did_to
     assert list(again) == list(pristine)
     for k, v in pristine.items():
         assert torch.equal(again[k], v) and not again[k].requires_grad, k
+    first[a].untyped_storage().fill_(7)  # every weight at once, through the shared memory
+    assert torch.equal(minilm_weights()[a], pristine[a])
+
+
+def test_the_checkpoint_children_inherit_cannot_be_changed_from_a_child():
+    """The fork server holds the checkpoint in a sealed memfd that every grading child
+    inherits: a hostile child that finds the fd can neither write, remap it shared nor
+    resize it, so the next student's call still gets the real weights."""
+    import mmap
+
+    import safetensors.torch
+
+    from autograder.drivers.bert import _checkpoint
+
+    ckpt = _checkpoint()
+    with pytest.raises(PermissionError):
+        os.pwrite(ckpt.fd, b"\0" * 64, 0)
+    with pytest.raises(PermissionError):
+        mmap.mmap(ckpt.fd, ckpt.nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    with pytest.raises(PermissionError):
+        os.ftruncate(ckpt.fd, 0)
+    with pytest.raises(PermissionError):
+        os.ftruncate(ckpt.fd, ckpt.nbytes * 2)
+    on_disk = safetensors.torch.load_file(str(minilm_dir() / "model.safetensors"))
+    mapped = minilm_weights()
+    assert mapped.keys() == on_disk.keys()
+    for k, v in on_disk.items():
+        assert mapped[k].dtype == v.dtype and torch.equal(mapped[k], v), k
