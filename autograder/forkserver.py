@@ -51,6 +51,7 @@ def _warm_up() -> None:
     x = torch.randn(3, 4, dtype=torch.float64)
     with ForbiddenCallDetector(("aten::_softmax", "torch.nn.functional.softmax")):
         torch.nn.functional.softmax(x @ x.mT.float().double(), dim=-1).masked_fill(x[:, :3] > 0, 0.0)
+        repr(x)  # a student's print() under the detector imports torch's mode-stack helpers
     run_call(
         {"f": lambda t: (t.exp(), t > 0)},
         "f",
@@ -62,6 +63,9 @@ def _warm_up() -> None:
     )
     KernelGuard(("aten::_softmax",)).close()  # the operator list, and torch.library's imports
     safetensors.torch.load(safetensors.torch.save({"x": x}))
+    import numpy as np
+
+    np.random.seed(0)  # the child reseeds numpy's global generator before every cell and call
     io.StringIO()
     try:  # 09's real weights: 90 MB every 09 child would otherwise read again
         from autograder.drivers.bert import _checkpoint
@@ -70,7 +74,14 @@ def _warm_up() -> None:
     except ImportError:  # the weights package is not installed: 09 says so when graded
         pass
     try:  # students import it in their first cell; half a second per child otherwise
-        import matplotlib.pyplot  # noqa: F401  (MPLBACKEND=Agg: no display, no threads)
+        import matplotlib.pyplot as plt  # (MPLBACKEND=Agg: no display, no threads)
+
+        # and plot in a demo cell: the first figure loads the backend and the font cache
+        figure, axes = plt.subplots()
+        axes.plot([0, 1], [0, 1])
+        axes.set_title("warm-up")
+        figure.canvas.draw()
+        plt.close(figure)
     except ImportError:
         pass
 

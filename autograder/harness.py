@@ -94,6 +94,15 @@ class _NameCalls(TorchFunctionMode):
 class _WatchOps(TorchDispatchMode):
     """Sees every aten operator that actually runs, whatever alias reached it."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # False: torch leaves __torch_dispatch__ as written instead of wrapping it in
+        # torch._dynamo.disable. The wrapper costs a few microseconds on every operator,
+        # and its first call imports torch._dynamo: 1-2 s and 70 MB in each process that
+        # uses the detector (the fork server, whose every fork and exit then pays for the
+        # 70 MB; the student's kernel). Nothing here runs under torch.compile.
+        return False
+
     def __init__(self, detector: ForbiddenCallDetector) -> None:
         super().__init__()
         self.detector = detector

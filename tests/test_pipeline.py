@@ -292,3 +292,18 @@ def test_events_and_their_raw_bytes_arrive_whole_however_the_pipe_cuts_them(even
         if w != -1:
             os.close(w)
     assert got == sent
+
+
+def test_the_detector_leaves_torch_dynamo_unimported():
+    """The detector's dispatch mode is not wrapped in torch._dynamo.disable: a student's
+    first check() and every grading child's fork would otherwise pay torch._dynamo's
+    import (1-2 s, 70 MB). It still names what it catches."""
+    code = (
+        "import sys, torch\n"
+        "from autograder.harness import ForbiddenCallDetector\n"
+        "with ForbiddenCallDetector(('aten::_softmax', 'torch.nn.functional.softmax')) as d:\n"
+        "    torch.softmax(torch.zeros(2), 0)\n"
+        "print(d.found, 'torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["['torch.softmax", "(aten::_softmax)']", "False"]
