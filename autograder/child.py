@@ -3,8 +3,8 @@
 A child is forked from the fork server (autograder/forkserver.py) once per submission
 (and again after a hang or crash, resuming where it stopped). It reads a plan (JSON) and
 case inputs (safetensors) from its job directory, executes the student's code in one
-namespace as a kernel would, calls each graded name, and writes the returned tensors to
-``out/<call>.safetensors``. It reports progress as JSON lines on an inherited pipe. It
+namespace as a kernel would, and calls each graded name. It reports progress as JSON lines
+on an inherited pipe, each call's returned tensors as raw bytes after its line. It
 never sees the reference or an expected value, and it writes no result: the parent
 reads what it left only after it has exited.
 """
@@ -124,20 +124,19 @@ def _run_call(
         }
     if status != "ok":
         return {"status": status, **info}
-    saved, described, total = {}, [], 0
-    for k, (kind, t, facts) in enumerate(items):
+    returned = [t for _, t, _ in items if t is not None]
+    if sum(t.numel() for t in returned) > MAX_OUTPUT_ELEMENTS:
+        return {"status": "bad_return", "message": f"returned more than {MAX_OUTPUT_ELEMENTS} numbers"}
+    # the values travel on the event pipe, as raw bytes after the event's line (each
+    # output's dtype and shape in its description): the child writes no file the parent reads
+    layouts, raw = wire.pack(returned)
+    described = []
+    for kind, t, facts in items:
+        d = {"kind": kind, **{f: _text(v)[:100] for f, v in facts.items()}}
         if t is not None:
-            total += t.numel()
-            if total > MAX_OUTPUT_ELEMENTS:
-                return {
-                    "status": "bad_return",
-                    "message": f"returned more than {MAX_OUTPUT_ELEMENTS} numbers",
-                }
-            saved[f"o{k}"] = t
-        described.append({"kind": kind, **{f: _text(v)[:100] for f, v in facts.items()}})
-    # the values travel on the event pipe, as raw bytes after the event's line: the child
-    # writes no file the parent reads
-    return {"status": "ok", "outputs": described, "raw": safetensors.torch.save(saved)}
+            d["layout"] = layouts.pop(0)
+        described.append(d)
+    return {"status": "ok", "outputs": described, "raw": raw}
 
 
 def main(job_dir: str, event_fd: int) -> int:
@@ -145,11 +144,11 @@ def main(job_dir: str, event_fd: int) -> int:
     job = Path(job_dir)
     events = os.fdopen(event_fd, "wb", buffering=0)
 
-    def emit(raw: bytes | None = None, **event: Any) -> None:
+    def emit(raw: list[memoryview] | None = None, **event: Any) -> None:
         """One JSON line; with ``raw``, the line says how many bytes follow it, then those."""
-        if raw is not None:
-            event["raw"] = len(raw)
-        for data in ((json.dumps(event) + "\n").encode(), raw or b""):
+        if raw:
+            event["raw"] = sum(part.nbytes for part in raw)
+        for data in ((json.dumps(event) + "\n").encode(), *(raw or ())):
             view = memoryview(data)
             while view:
                 view = view[events.write(view) :]

@@ -27,13 +27,13 @@ from pathlib import Path
 from queue import Queue
 from typing import Any
 
-import safetensors.torch
 import torch
 
 from autograder import sandbox, wire
 
 MAX_EVENT_BYTES = 512 << 20  # returned values travel here; a child that floods the pipe is cut off
 MAX_OUTPUT_FILE = 256 << 20
+VALUE_KINDS = ("tensor", "ndarray", "scalar")  # the kinds of returned value that carry numbers
 MAX_STDOUT = 4000
 MAX_RESTARTS = 4  # plus two per graded name
 
@@ -64,7 +64,7 @@ class CallOutcome:
     # forbidden | bad_return | timeout | crashed | skipped
     info: dict[str, Any] = field(default_factory=dict)
     outputs: list[tuple[str, torch.Tensor | None, dict[str, str]]] = field(default_factory=list)
-    blob: bytes | None = None  # the returned values as the child sent them (safetensors)
+    blob: bytes | None = None  # the returned values' raw bytes as the child sent them
 
 
 @dataclass
@@ -235,7 +235,7 @@ def _kill_group(pid: int) -> None:
 
 class _Events:
     """JSON lines from the child, bounded in size; garbage is ignored, not trusted. A line
-    with ``"raw": N`` is followed by N bytes of returned values (a safetensors file), which
+    with ``"raw": N`` is followed by N bytes of returned values (``wire.pack``), which
     arrive as that event's ``blob``."""
 
     def __init__(self, fd: int) -> None:
@@ -330,22 +330,26 @@ def _load_outputs(
     blob: bytes | None, described: list[Any], n: int
 ) -> list[tuple[str, torch.Tensor | None, dict]]:
     """Parse the child's returned values as plain tensors, checking them against its report."""
-    if not isinstance(described, list) or len(described) != n:
+    if (
+        not isinstance(described, list)
+        or len(described) != n
+        or not all(isinstance(d, dict) for d in described)
+    ):
         raise ValueError("the report of returned values is malformed")
-    if blob is None or len(blob) > MAX_OUTPUT_FILE:
-        raise ValueError("the returned values are missing or too large")
-    tensors = safetensors.torch.load(blob)  # raw bytes and a JSON header: nothing executes
-    items = []
-    for k, d in enumerate(described):
-        if not isinstance(d, dict):
-            raise ValueError("the report of returned values is malformed")
-        facts = {str(a)[:40]: str(b)[:100] for a, b in d.items()}
-        kind = facts.get("kind", "other")
-        t = tensors.get(f"o{k}")
-        if kind in ("tensor", "ndarray", "scalar") and t is None:
-            raise ValueError("a returned value is missing")
-        items.append((kind if kind in ("tensor", "ndarray", "scalar") else "other", t, facts))
-    return items
+    if blob is not None and len(blob) > MAX_OUTPUT_FILE:
+        raise ValueError("the returned values are too large")
+    kinds = [d.get("kind") if d.get("kind") in VALUE_KINDS else "other" for d in described]
+    # raw bytes checked against the dtype and shape each one claims: nothing executes
+    layouts = [d.get("layout") for d, kind in zip(described, kinds, strict=True) if kind != "other"]
+    tensors = iter(wire.unpack(layouts, blob or b""))
+    return [
+        (
+            kind,
+            next(tensors) if kind != "other" else None,
+            {str(a)[:40]: str(b)[:100] for a, b in d.items() if a != "layout"},
+        )
+        for d, kind in zip(described, kinds, strict=True)
+    ]
 
 
 def run_submission(

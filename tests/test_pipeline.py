@@ -7,9 +7,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autograder import wire
 from autograder.report import to_gradescope
 from tests.support import ROOT, no_process_left, write_py
 
@@ -307,3 +309,65 @@ def test_the_detector_leaves_torch_dynamo_unimported():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["['torch.softmax", "(aten::_softmax)']", "False"]
+
+
+_WIRE_DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    shapes=st.lists(st.lists(st.integers(0, 4), max_size=4), max_size=4),
+    dtypes=st.lists(st.sampled_from(_WIRE_DTYPES), min_size=4, max_size=4),
+    view=st.booleans(),
+)
+def test_returned_tensors_cross_the_pipe_exactly(shapes, dtypes, view):
+    """What a child returns (any dtype, shape, empty, or one value left with a view's
+    strides) comes out of unpack with the same values, as tensors that own their memory."""
+    sent = []
+    for shape, dtype in zip(shapes, dtypes, strict=False):
+        t = (torch.randn(*shape, 2) * 100).to(dtype)
+        sent.append(t[..., 0] if view else t[..., 0].contiguous())
+    layouts, parts = wire.pack([t.contiguous() for t in sent])
+    got = wire.unpack(layouts, b"".join(parts))
+    assert len(got) == len(sent)
+    for a, b in zip(got, sent, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b)  # (no NaN is sent: equal means the same values)
+        a.reshape(-1)[:1] = 0  # writable, and its own memory
+
+
+_LAYOUT = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "dtype": st.one_of(
+                st.sampled_from(["float32", "int64", "bool", "object", "torch.float32"]), st.integers()
+            ),
+            "shape": st.one_of(st.lists(st.integers(-3, 1 << 41), max_size=20), st.text(), st.none()),
+        }
+    ),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+    st.integers(),
+    st.none(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(layouts=st.one_of(st.lists(_LAYOUT, max_size=4), st.text(), st.none()), blob=st.binary(max_size=64))
+def test_a_lying_layout_is_a_clear_error_never_a_crash(layouts, blob):
+    """A hostile child controls the layout and the bytes: unpack either returns tensors
+    that exactly account for every byte, or says what is wrong (ValueError)."""
+    try:
+        got = wire.unpack(layouts, blob)
+    except ValueError:
+        return
+    assert sum(t.numel() * t.element_size() for t in got) == len(blob)
