@@ -90,8 +90,12 @@ def _same(a, b) -> bool:
     def num(x, y):
         return x == y or (x != x and y != y)  # NaN == NaN here
 
-    return a.ok == b.ok and a.message == b.message and a.where == b.where and num(a.max_abs, b.max_abs) and (
-        num(a.max_rel, b.max_rel)
+    return (
+        a.ok == b.ok
+        and a.message == b.message
+        and a.where == b.where
+        and num(a.max_abs, b.max_abs)
+        and (num(a.max_rel, b.max_rel))
     )
 
 
