@@ -311,17 +311,7 @@ def test_the_detector_leaves_torch_dynamo_unimported():
     assert out.stdout.split() == ["['torch.softmax", "(aten::_softmax)']", "False"]
 
 
-_WIRE_DTYPES = [
-    torch.bool,
-    torch.uint8,
-    torch.int32,
-    torch.int64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.complex64,
-]
+_WIRE_DTYPES = list(wire._DTYPES.values())  # every dtype a child may send
 
 
 @settings(max_examples=100, deadline=None)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from autograder import wire
 from autograder.drivers import require, watches_itself
 
 
@@ -75,9 +76,9 @@ def _checkpoint() -> _Checkpoint:
     loaded = safetensors.torch.load_file(str(minilm_dir() / "model.safetensors"))
     fd = os.memfd_create("all-MiniLM-L6-v2", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     layout, at = {}, 0
-    for name, t in loaded.items():
+    _, parts = wire.pack([t.contiguous() for t in loaded.values()])
+    for (name, t), data in zip(loaded.items(), parts, strict=True):
         layout[name] = (at, t.dtype, t.shape)
-        data = t.contiguous().view(-1).view(torch.uint8).numpy()
         written = 0
         while written < data.nbytes:
             written += os.pwrite(fd, data[written:], at + written)
