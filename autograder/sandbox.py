@@ -14,7 +14,11 @@ Landlock                   child       reading the reference, specs, solutions, 
                                        process outside the sandbox (the grader)
 unprivileged per-job uid   child       everything root may do; lets the parent kill
                                        every process the job left behind, by uid
-seccomp                    child       connecting to unix socket files (D-Bus, X11, agents)
+seccomp (all threads)      child       connecting to unix socket files (D-Bus, X11, agents,
+                                       syslog); sockets of families the network namespace
+                                       does not confine (vsock, bluetooth...); every path
+                                       around the filter: a foreign syscall ABI (int 0x80,
+                                       x32) kills the process, io_uring is refused
 scrubbed environment       both        secrets and tokens in the grader's environment
 
 Each layer is detected at start-up (``detect``) and reported by ``python -m autograder
@@ -30,9 +34,9 @@ import fcntl
 import os
 import resource
 import signal
+import stat
 import sys
 import sysconfig
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -48,7 +52,23 @@ CAP_DAC_READ_SEARCH = 2
 
 UID_BASE = 61000  # per-job uids: UID_BASE + job id % UID_SPAN, none of them a real user
 UID_SPAN = 2000
-LOCK_DIR = Path(tempfile.gettempdir()) / "bertlab-uids"
+
+
+def _default_lock_dir() -> Path:
+    """Where graders side by side lease job uids: one fixed path they all agree on (not
+    TMPDIR's), in /run where only root may create entries (only a root grader leases uids);
+    /tmp where /run is missing or not root's alone, and there ``lease_uid`` refuses a
+    directory that another user made first."""
+    try:
+        run = os.stat("/run")
+    except OSError:
+        return Path("/tmp/bertlab-uids")
+    if stat.S_ISDIR(run.st_mode) and run.st_uid == 0 and not run.st_mode & 0o022:
+        return Path("/run/bertlab-uids")
+    return Path("/tmp/bertlab-uids")
+
+
+LOCK_DIR = _default_lock_dir()
 
 # -- limits ------------------------------------------------------------------------------
 
@@ -117,6 +137,7 @@ def detect() -> Report:
     root = os.geteuid() == 0
     abi = landlock_abi()
     netns = _probe(lambda: _libc.unshare(CLONE_NEWNET) == 0)
+    seccomp = os.uname().machine == "x86_64" and _seccomp_works()
     return Report(
         [
             Layer(
@@ -151,9 +172,14 @@ def detect() -> Report:
             Layer("resource limits", True, "address space, CPU, file size, processes, open files"),
             Layer("no_new_privs", True, "set-uid programs gain nothing"),
             Layer(
-                "seccomp: no unix sockets",
-                os.uname().machine == "x86_64",
-                "socket(AF_UNIX) refused: no D-Bus, X11 or agent sockets",
+                "seccomp",
+                seccomp,
+                "no unix sockets (D-Bus, X11, agents), only inet and netlink families, "
+                "non-native ABIs (int 0x80, x32) killed, io_uring denied"
+                if seccomp
+                else "the filter is written for x86_64"
+                if os.uname().machine != "x86_64"
+                else "the kernel refused the filter: unix socket files are reachable",
             ),
             Layer("scrubbed environment", True, "children see only PATH, HOME, LANG and thread settings"),
         ]
@@ -321,29 +347,131 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def _deny_unix_sockets() -> None:
-    """seccomp: socket(AF_UNIX, ...) fails with EACCES.
+# seccomp (include/uapi/linux/seccomp.h, filter.h, audit.h; x86_64 syscall numbers)
+_AUDIT_ARCH_X86_64 = 0xC000003E
+_X32_SYSCALL_BIT = 0x40000000
+_NR_SOCKET, _NR_SOCKETPAIR, _NR_SECCOMP = 41, 53, 317
+_NR_IO_URING_SETUP, _NR_IO_URING_REGISTER = 425, 427  # setup, enter, register
+_RET_KILL_PROCESS, _RET_ALLOW, _RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
+_SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC = 1, 1
+# Families whose sockets the child's empty network namespace confines (netlink: glibc's
+# resolver asks it about interfaces). Every other family reaches outside it: AF_UNIX
+# pathname sockets are files, AF_VSOCK talks to the hypervisor's host, ...
+_SOCKET_FAMILIES = (2, 10, 16)  # AF_INET, AF_INET6, AF_NETLINK
+_AF_UNIX, _SOCK_STREAM, _SOCK_SEQPACKET, _SOCK_TYPE_MASK = 1, 1, 5, 0xF
+_EACCES, _ENOSYS = 13, 38
 
-    The network namespace does not cover socket *files* (D-Bus, X11, agents), and Landlock
-    (up to ABI 7) does not restrict connecting to them; no graded code needs one.
+
+def _assemble(program: list) -> list[tuple[int, int, int, int]]:
+    """Classic BPF with named jump targets: a str in ``program`` is a label; a jump's jt/jf
+    may name one (offsets counted by hand are how filters silently go wrong)."""
+    labels: dict[str, int] = {}
+    code: list = []
+    for item in program:
+        if isinstance(item, str):
+            labels[item] = len(code)
+        else:
+            code.append(item)
+
+    def offset(target: int | str, at: int) -> int:
+        if isinstance(target, int):
+            return target
+        delta = labels[target] - at - 1
+        assert 0 <= delta < 256, (target, delta)
+        return delta
+
+    return [(op, offset(jt, i), offset(jf, i), k) for i, (op, jt, jf, k) in enumerate(code)]
+
+
+def seccomp_program() -> list[tuple[int, int, int, int]]:
+    """The child's seccomp filter, as (code, jt, jf, k) BPF instructions.
+
+    - A syscall made through any ABI but x86_64's (``int 0x80``, ``sysenter``, a 32-bit
+      code segment: AUDIT_ARCH_I386) or through the x32 ABI (number | 0x40000000) kills the
+      process. They have their own syscall numbers (i386's ``socketcall`` among them), so
+      a filter that lets them through filters nothing.
+    - socket(2) only for AF_INET, AF_INET6, AF_NETLINK; any other family fails with
+      EACCES. A network namespace does not cover unix socket *files* (D-Bus, X11, agents,
+      syslog), nor vsock; Landlock (up to ABI 7) does not restrict connecting to them.
+    - socketpair(2) only for AF_UNIX SOCK_STREAM and SOCK_SEQPACKET (asyncio, pipes): a
+      datagram pair (SOCK_DGRAM, or SOCK_RAW which AF_UNIX makes one) can still
+      ``sendto`` or ``connect`` any pathname datagram socket. EACCES otherwise.
+    - io_uring_setup/enter/register fail with ENOSYS, as on a kernel without io_uring:
+      its IORING_OP_SOCKET opens a socket without socket(2).
+
+    Arguments are compared on their low 32 bits, as the kernel reads an ``int``.
     """
+    # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_{JEQ,JGE,JGT}|BPF_K, BPF_ALU|BPF_AND|BPF_K, BPF_RET|BPF_K
+    ld, jeq, jge, jgt, and_, ret = 0x20, 0x15, 0x35, 0x25, 0x54, 0x06
+    nr, arch, arg0, arg1 = 0, 4, 16, 24  # offsets in struct seccomp_data
+    program: list = [
+        (ld, 0, 0, arch),
+        (jeq, 0, "kill", _AUDIT_ARCH_X86_64),
+        (ld, 0, 0, nr),
+        (jge, "kill", 0, _X32_SYSCALL_BIT),
+        (jeq, "socket", 0, _NR_SOCKET),
+        (jeq, "socketpair", 0, _NR_SOCKETPAIR),
+        (jge, 0, "allow", _NR_IO_URING_SETUP),
+        (jgt, "allow", "enosys", _NR_IO_URING_REGISTER),
+        "socket",
+        (ld, 0, 0, arg0),
+        *[(jeq, "allow", 0, family) for family in _SOCKET_FAMILIES],
+        (ret, 0, 0, _RET_ERRNO | _EACCES),
+        "socketpair",
+        (ld, 0, 0, arg0),
+        (jeq, 0, "eacces", _AF_UNIX),
+        (ld, 0, 0, arg1),
+        (and_, 0, 0, _SOCK_TYPE_MASK),  # SOCK_NONBLOCK, SOCK_CLOEXEC do not change the type
+        (jeq, "allow", 0, _SOCK_STREAM),
+        (jeq, "allow", "eacces", _SOCK_SEQPACKET),
+        "allow",
+        (ret, 0, 0, _RET_ALLOW),
+        "eacces",
+        (ret, 0, 0, _RET_ERRNO | _EACCES),
+        "enosys",
+        (ret, 0, 0, _RET_ERRNO | _ENOSYS),
+        "kill",
+        (ret, 0, 0, _RET_KILL_PROCESS),
+    ]
+    return _assemble(program)
+
+
+def _seccomp() -> None:
+    """Install ``seccomp_program`` on every thread of this process (TSYNC: a thread that
+    exists already, such as a CUDA driver's, must not stay unfiltered). Needs no_new_privs
+    or CAP_SYS_ADMIN."""
     if os.uname().machine != "x86_64":
         raise OSError(0, "the seccomp filter is written for x86_64 only")
-    ld, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_RET|K
-    allow, deny = 0x7FFF0000, 0x00050000 | 13  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EACCES
-    program = [
-        (ld, 0, 0, 4),  # seccomp_data.arch
-        (jeq, 0, 5, 0xC000003E),  # AUDIT_ARCH_X86_64, else allow
-        (ld, 0, 0, 0),  # seccomp_data.nr
-        (jeq, 0, 3, 41),  # __NR_socket, else allow
-        (ld, 0, 0, 16),  # seccomp_data.args[0] (low word): the address family
-        (jeq, 0, 1, 1),  # AF_UNIX, else allow
-        (ret, 0, 0, deny),
-        (ret, 0, 0, allow),
-    ]
+    program = seccomp_program()
     filters = (_SockFilter * len(program))(*[_SockFilter(*i) for i in program])
     prog = _SockFprog(len(program), filters)
-    _check(_libc.prctl(22, 2, ctypes.byref(prog), 0, 0), "prctl(PR_SET_SECCOMP)")  # SECCOMP_MODE_FILTER
+    ret = _libc.syscall(
+        _NR_SECCOMP,
+        ctypes.c_uint(_SECCOMP_SET_MODE_FILTER),
+        ctypes.c_uint(_SECCOMP_FILTER_FLAG_TSYNC),
+        ctypes.byref(prog),
+    )
+    _check(ret, "seccomp(SECCOMP_SET_MODE_FILTER)")
+    if ret > 0:  # TSYNC names the thread it could not synchronise
+        raise OSError(0, f"seccomp: thread {ret} could not take the filter")
+
+
+def _seccomp_works() -> bool:
+    """In a throw-away fork: the filter installs and refuses what it says it refuses."""
+
+    def check() -> bool:
+        _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl")
+        _seccomp()
+        refused = []
+        for nr, args, errno in (
+            (_NR_SOCKET, (_AF_UNIX, _SOCK_STREAM, 0), _EACCES),
+            (_NR_IO_URING_SETUP, (1, 0), _ENOSYS),
+        ):
+            fd = _libc.syscall(nr, *(ctypes.c_long(a) for a in args))
+            refused.append(fd < 0 and ctypes.get_errno() == errno)
+        return all(refused)
+
+    return _probe(check)
 
 
 class _CapHeader(ctypes.Structure):
@@ -414,7 +542,7 @@ def confine(work: Path, uid: int | None, budget: Budget) -> tuple[list[str], lis
             os.chown(work, uid, uid)
     attempt("resource limits", lambda: _set_limits(budget))
     attempt("no_new_privs", lambda: _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl"))
-    attempt("seccomp: no unix sockets", _deny_unix_sockets)
+    attempt("seccomp", _seccomp)
     abi = landlock_abi()
     landlocked = bool(abi) and attempt(f"landlock ABI {abi}", lambda: _landlock(abi, work))
     if root and uid is not None:
@@ -432,36 +560,88 @@ def confine(work: Path, uid: int | None, budget: Budget) -> tuple[list[str], lis
 # -- in the parent -------------------------------------------------------------------------
 
 
+def _open_lock_dir(path: Path) -> int:
+    """A descriptor of the uid lock directory, made 0700 if absent. Refused (RuntimeError)
+    unless it is a real directory, ours, that no one else may write in: else its owner, or
+    anyone with write access, would choose where root creates and locks files."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    try:
+        # O_NOFOLLOW: a link planted at the path itself is refused, not followed
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        what = "a symbolic link" if os.path.islink(path) else exc.strerror
+        raise RuntimeError(f"uid lock directory {path} is {what}: refusing to use it") from exc
+    st = os.fstat(fd)
+    problem = (
+        f"owned by uid {st.st_uid}, not {os.geteuid()}"
+        if st.st_uid != os.geteuid()
+        else f"writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+        if st.st_mode & 0o022
+        else None
+    )
+    if problem:
+        os.close(fd)
+        raise RuntimeError(
+            f"uid lock directory {path} is {problem}: refusing to use it (remove it: it is made again, 0700)"
+        )
+    return fd
+
+
+def _open_lock_file(dir_fd: int, name: str, where: Path) -> int:
+    """The lock file ``name`` in the lock directory, created if absent, never through a link."""
+    flags = os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
+    try:
+        fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
+    except OSError as exc:
+        raise RuntimeError(f"uid lock file {where / name}: {exc.strerror}: refusing to use it") from exc
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise RuntimeError(
+            f"uid lock file {where / name} is not a regular file of uid {os.geteuid()}: refusing to use it"
+        )
+    return fd
+
+
 @contextlib.contextmanager
 def lease_uid() -> Iterator[int | None]:
     """A uid no other job on this machine is using, held (flock) for the job's lifetime.
 
     Graders running side by side (several TAs, ``pytest -n``, shards) must never share a
     job uid: the parent kills every process of its job's uid when the job ends. A lock is
-    released by the kernel if its grader dies; a new holder first sweeps the uid.
+    released by the kernel if its grader dies; a new holder first sweeps the uid. The locks
+    live in ``LOCK_DIR``, checked before use (``_open_lock_dir``).
     Yields None when the grader is not root (children then keep the grader's uid).
     """
     if os.geteuid() != 0:
         yield None
         return
-    LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+    where = LOCK_DIR
+    dir_fd = _open_lock_dir(where)
     start = (os.getpid() * 7919 + threading.get_ident()) % UID_SPAN
-    for k in range(UID_SPAN):
-        uid = UID_BASE + (start + k) % UID_SPAN
-        fd = os.open(LOCK_DIR / str(uid), os.O_CREAT | os.O_RDWR, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        try:
-            kill_uid(uid)  # whatever a crashed grader left under this uid
-            yield uid
-        finally:
-            kill_uid(uid)
-            os.close(fd)
-        return
-    raise RuntimeError(f"all {UID_SPAN} sandbox uids are in use")
+    try:
+        for k in range(UID_SPAN):
+            uid = UID_BASE + (start + k) % UID_SPAN
+            fd = _open_lock_file(dir_fd, str(uid), where)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            break
+        else:
+            raise RuntimeError(f"all {UID_SPAN} sandbox uids are in use")
+    finally:
+        os.close(dir_fd)
+    try:
+        kill_uid(uid)  # whatever a crashed grader left under this uid
+        yield uid
+    finally:
+        kill_uid(uid)
+        os.close(fd)
 
 
 def kill_uid(uid: int) -> int:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import subprocess
 import sys
 import threading
 
 import pytest
 
+from autograder import sandbox
 from autograder.grade import Grader
 from autograder.runner import Limits
 from autograder.sandbox import detect
@@ -192,3 +194,84 @@ def test_doctor_reports_every_layer():
     assert proc.returncode == 0, proc.stderr
     for name in LAYERS:
         assert name in proc.stdout
+
+
+# -- the uid lock directory ----------------------------------------------------------------
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="only a root grader leases job uids")
+
+
+@pytest.fixture
+def lock_dir(tmp_path, monkeypatch):
+    """``sandbox.LOCK_DIR`` pointed at a test directory (absent so far). kill_uid is
+    stubbed: a uid leased from here may be one that a real grader on this machine holds
+    under the real lock directory, and its children must not be swept."""
+    swept: list[int] = []
+    monkeypatch.setattr(sandbox, "kill_uid", lambda uid: swept.append(uid) or 0)
+    path = tmp_path / "uid-locks"
+    monkeypatch.setattr(sandbox, "LOCK_DIR", path)
+    return path
+
+
+def lease_once() -> int | None:
+    with sandbox.lease_uid() as uid:
+        return uid
+
+
+@root_only
+def test_a_lock_dir_made_by_another_user_is_refused(lock_dir):
+    lock_dir.mkdir(mode=0o700)
+    os.chown(lock_dir, 4242, 4242)  # made first by a user who now chooses what root opens there
+    with pytest.raises(RuntimeError, match=f"{lock_dir} is owned by uid 4242"):
+        lease_once()
+    assert os.listdir(lock_dir) == []
+
+
+@root_only
+def test_a_lock_dir_others_may_write_in_is_refused(lock_dir):
+    lock_dir.mkdir()
+    os.chmod(lock_dir, 0o777)
+    with pytest.raises(RuntimeError, match="writable by others"):
+        lease_once()
+    assert os.listdir(lock_dir) == []
+
+
+@root_only
+def test_a_symlinked_lock_dir_is_refused(lock_dir, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    lock_dir.symlink_to(elsewhere)
+    with pytest.raises(RuntimeError, match="symbolic link"):
+        lease_once()
+    assert os.listdir(elsewhere) == []
+
+
+@root_only
+def test_symlinked_lock_files_are_not_followed(lock_dir, tmp_path):
+    lock_dir.mkdir(mode=0o700)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for k in range(sandbox.UID_SPAN):  # wherever the lease starts, it meets a link
+        (lock_dir / str(sandbox.UID_BASE + k)).symlink_to(elsewhere / f"chosen-{k}")
+    with pytest.raises(RuntimeError, match="uid lock file"):
+        lease_once()
+    assert os.listdir(elsewhere) == []
+
+
+@root_only
+def test_a_lock_dir_is_made_private_and_leases_a_job_uid(lock_dir):
+    uid = lease_once()
+    assert uid is not None and sandbox.UID_BASE <= uid < sandbox.UID_BASE + sandbox.UID_SPAN
+    st = os.lstat(lock_dir)
+    assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
+    lock = os.lstat(lock_dir / str(uid))
+    assert stat.S_ISREG(lock.st_mode) and lock.st_uid == 0 and not lock.st_mode & 0o077
+
+
+def test_graders_agree_on_the_lock_dir_whatever_their_tmpdir(tmp_path):
+    # two graders side by side, one with its own TMPDIR, must lock the same uids
+    code = "from autograder import sandbox; print(sandbox.LOCK_DIR)"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    theirs = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert theirs.returncode == 0, theirs.stderr
+    assert theirs.stdout.strip() == str(sandbox.LOCK_DIR)

@@ -93,6 +93,7 @@ EXPECTED: dict[str, dict[str, int]] = {
     "hunt_open_by_handle": zero("softmax"),
     # network and resources
     "network": zero("softmax"),
+    "network_syscall_bypass": zero("softmax"),
     "fork_bomb": zero("softmax"),
     "memory_bomb": zero("softmax"),
     "cpu_hog": zero("softmax"),
@@ -565,6 +566,7 @@ EXTRA = {
     "forge_markup": [_extra_clean_console],
     "hunt_environment": [_extra_no_secret],
     "network": [_extra_network],
+    "network_syscall_bypass": [_extra_network],
     "memory_bomb": [_flags_absent("MEMORY-BOMB-RESERVED", "MEMORY-BOMB-REACHED-CAP")],
     "disk_fill": [_flags_absent("DISK-FILL-BEYOND-LIMIT", "DISK-FILL-REACHED-CAP")],
     "fork_bomb": [_flags_absent("FORK-BOMB-BEYOND-LIMIT")],
