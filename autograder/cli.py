@@ -118,6 +118,13 @@ def batch(
         list[str] | None,
         typer.Option("--stage", "-s", help="Stage id(s); default: the stages each student holds."),
     ] = None,
+    layout: Annotated[
+        str,
+        typer.Option(
+            help="flat (CLASS/<student>/), nbgrader (CLASS/submitted/<student>/) or auto, which "
+            "refuses a class that could be either (a student may name a folder 'submitted')."
+        ),
+    ] = "auto",
     db: Annotated[
         Path | None,
         typer.Option(help="The SQLite gradebook (default: ./bertlab-gradebook[.shard-K-of-N].sqlite)."),
@@ -135,7 +142,8 @@ def batch(
     submission_timeout: Annotated[float, typer.Option(help="Seconds for one student's stage.")] = 120.0,
 ) -> None:
     """Grade every student x stage of CLASS_DIR into a resumable gradebook: a killed batch,
-    run again, grades only what is missing (or whose code changed)."""
+    run again, grades only what is missing (or whose code changed). Exit 1 when a student
+    folder was left out or a grade could not be computed or stored (said at the end)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     from rich.table import Table
 
@@ -152,10 +160,18 @@ def batch(
     sliced = _shard(shard)
     if db is None:
         db = Path("bertlab-gradebook" + (f".shard-{sliced[0]}-of-{sliced[1]}" if sliced else "") + ".sqlite")
+    skipped: list[str] = []
+    try:
+        units = b.discover(class_dir, stage, sliced, layout=layout, skipped=skipped)
+    except b.LayoutError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
     _warn_if_exposed()
-    units = b.discover(class_dir, stage, sliced)
     students = len({u.student for u in units})
     console.print(f"{students} students, {len(units)} student×stage grades; gradebook {db}")
+    # Names and reasons are the students' text: never rich markup, never a raw control character.
+    for line in skipped:
+        err.print(f"not graded: {line}", markup=False, highlight=False)
     with (
         b.Gradebook(db) as book,
         Progress(
@@ -190,7 +206,8 @@ def batch(
             kept = len(book.done())
             err.print(f"interrupted: {db} keeps {kept} grades; run the same command again to grade the rest")
             raise typer.Exit(130) from None
-        rows = [r for r in book.rows() if (r["student"], r["stage"]) in {(u.student, u.stage) for u in units}]
+        asked = {(u.student, u.stage) for u in units}
+        rows = [r for r in book.rows() if (r["student"], r["stage"]) in asked]
         if csv is not None:
             book.export_csv(csv)
     console.print(
@@ -205,6 +222,23 @@ def batch(
     console.print(table)
     if csv is not None:
         console.print(f"CSV: {csv}")
+    if report.failed:
+        err.print(
+            f"{len(report.failed)} could not be graded or stored: each has an error row (score 0, the "
+            "reason in its notes) that the next run grades again.",
+            markup=False,
+            highlight=False,
+        )
+        for f in report.failed:
+            err.print(f"  {f.student!r} {f.stage}: {f.reason}", markup=False, highlight=False)
+    if skipped:
+        err.print(
+            f"not graded: {len(skipped)} folder{'s' * (len(skipped) != 1)} of {class_dir} (said above).",
+            markup=False,
+            highlight=False,
+        )
+    if report.failed or skipped:
+        raise typer.Exit(1)
 
 
 @app.command()
