@@ -72,7 +72,20 @@ def failure_message(name: str, signature: str, status: str, info: Mapping[str, o
     if status == "forbidden":
         calls = ", ".join(str(c) for c in info.get("calls", []))  # type: ignore[union-attr]
         return f"`{name}` called {calls}, which this task forbids: build it from basic tensor operations."
+    if status == "untrusted":
+        return (
+            f"`{name}` could not be graded: the process running your code sent a report the grader "
+            "cannot trust (did your code replace a module such as json, os or torch?)"
+        )
     return message or status
+
+
+def _device_type(device: str) -> str | None:
+    """``cuda`` for "cuda:1"; None for what names no device (a fact the grader cannot read)."""
+    try:
+        return torch.device(device).type
+    except (RuntimeError, ValueError, TypeError):
+        return None
 
 
 def returned_what(kind: str, facts: Mapping[str, str]) -> str:
@@ -113,8 +126,8 @@ def check_case(
             continue
         got.append(tensor)
         if exp.device is not None and kind == "tensor":
-            dev = facts.get("device", "?")
-            if torch.device(dev).type != torch.device(exp.device).type:
+            dev = str(facts.get("device", "unknown"))
+            if _device_type(dev) != torch.device(exp.device).type:
                 problems.append(f"{prefix}is on {dev}; expected {exp.device}, the inputs' device")
                 continue
         assert tensor is not None

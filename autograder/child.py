@@ -139,19 +139,55 @@ def _run_call(
     return {"status": "ok", "outputs": described, "raw": raw}
 
 
-def main(job_dir: str, event_fd: int) -> int:
+# The child talks to the parent only through what is bound here, at import, before any
+# student code runs: a submission that replaces json.dumps, os.write or safetensors (by
+# accident or not) changes nothing the parent reads. The C encoder and scanner keep the
+# functions they were built with.
+_encode = json.encoder.c_make_encoder(
+    None, None, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True
+)
+_scan = json.scanner.c_make_scanner(json.JSONDecoder())
+_write, _read, _pread, _fstat = os.write, os.read, os.pread, os.fstat
+_load_tensors = safetensors.torch.load
+_str_join = "".join
+_bytes_join = b"".join
+
+
+def _dumps(event: dict[str, Any]) -> bytes:
+    return (_str_join(_encode(event, 0)) + "\n").encode("ascii")
+
+
+def _loads(text: str) -> Any:
+    return _scan(text, 0)[0]
+
+
+def _read_hidden(fd: int) -> tuple[list[dict[str, Any]], dict]:
+    """The hidden calls and their inputs, which the parent wrote into ``fd``'s file when it
+    let this child go on (``runner._write_hidden``)."""
+    size, parts, at = _fstat(fd).st_size, [], 0
+    while at < size:
+        part = _pread(fd, size - at, at)
+        if not part:
+            break
+        parts.append(part)
+        at += len(part)
+    data = _bytes_join(parts)
+    n = int.from_bytes(data[:8], "little")
+    return _loads(data[8 : 8 + n].decode()), _load_tensors(data[8 + n :])
+
+
+def main(job_dir: str, event_fd: int, control_fd: int | None = None) -> int:
     """Entry point in the forked child. Returns the exit code."""
     job = Path(job_dir)
-    events = os.fdopen(event_fd, "wb", buffering=0)
 
     def emit(raw: list[memoryview] | None = None, **event: Any) -> None:
         """One JSON line; with ``raw``, the line says how many bytes follow it, then those."""
         if raw:
             event["raw"] = sum(part.nbytes for part in raw)
-        for data in ((json.dumps(event) + "\n").encode(), *(raw or ())):
+        for data in (_dumps(event), *(raw or ())):
             view = memoryview(data)
             while view:
-                view = view[events.write(view) :]
+                view = view[_write(event_fd, view) :]
 
     log = os.open(job / "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
@@ -165,6 +201,8 @@ def main(job_dir: str, event_fd: int) -> int:
     plan = json.loads((job / "plan.json").read_text())
     resume = json.loads((job / "resume.json").read_text())
     tensors = safetensors.torch.load_file(str(job / "inputs.safetensors"))
+    # opened now, read only when the parent says so: empty until then
+    hidden_fd = os.open(job / "hidden.bin", os.O_RDONLY | os.O_CLOEXEC) if plan.get("hidden") else None
     device = plan["device"]
     torch.set_num_threads(1)  # one core per child: grading parallelises across submissions
     if device.startswith("cuda"):
@@ -182,6 +220,7 @@ def main(job_dir: str, event_fd: int) -> int:
     emit(e="sandbox", layers=layers, failed=failed, ms=round(1000 * (time.perf_counter() - started), 3))
     os.chdir(work)
     sys.argv = [plan["module_name"]]
+    stdout, stderr = sys.stdout, sys.stderr
 
     # The submission runs as a real module in sys.modules, as a kernel's __main__ is: a
     # @dataclass (or pickle, typing.get_type_hints) looks its module up there.
@@ -204,12 +243,45 @@ def main(job_dir: str, event_fd: int) -> int:
         try:
             exec(compile(source, filename, "exec"), ns)
         except BaseException as exc:
-            emit(e="cell_error", i=i, **_describe(exc))
+            emit(e="cell_error", i=i, **_safe_describe(exc))
     skip_calls = set(resume["skip_calls"])
+    _run_calls(ns, plan["calls"], skip_calls, tensors, device, emit)
+    if hidden_fd is not None and control_fd is not None:
+        # What was printed so far may be shown to the student: out of the buffers before
+        # the hidden inputs arrive, so none of it is counted as printed after them.
+        _flush(stdout, stderr, sys.stdout, sys.stderr)
+        emit(e="hidden")
+        if _read(control_fd, 1) != b"g":
+            return 0  # the parent has gone
+        hidden_calls, hidden_tensors = _read_hidden(hidden_fd)
+        _run_calls(ns, hidden_calls, skip_calls, hidden_tensors, device, emit)
+    _flush(stdout, stderr, sys.stdout, sys.stderr)
+    emit(e="done")
+    return 0
+
+
+def _flush(*streams: Any) -> None:
+    for stream in streams:
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+
+
+def _safe_describe(exc: BaseException) -> dict[str, str]:
+    try:
+        return _describe(exc)
+    except BaseException:  # the student replaced what describing an exception uses
+        return {"type": "Exception", "message": "<an exception that cannot be described>", "where": ""}
+
+
+def _run_calls(
+    ns: dict[str, Any], calls: list[dict[str, Any]], skip: set[int], tensors: dict, device: str, emit: Any
+) -> None:
     guard, guarded = KernelGuard(()), None
-    for call in plan["calls"]:
+    for call in calls:
         j = call["index"]
-        if j in skip_calls:
+        if j in skip:
             continue
         if call["name"] != guarded:  # calls come grouped by name: one registration per name
             guard.close()
@@ -218,10 +290,3 @@ def main(job_dir: str, event_fd: int) -> int:
         _reseed(10_000 + j)
         emit(e="call_end", i=j, **_run_call(ns, call, tensors, device, guard))
     guard.close()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            pass
-    emit(e="done")
-    return 0

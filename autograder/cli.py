@@ -48,8 +48,17 @@ def grade(
     submission_timeout: Annotated[
         float, typer.Option(help="Seconds for everything of one submission.")
     ] = 120.0,
+    show_hidden: Annotated[
+        bool,
+        typer.Option(
+            "--show-hidden",
+            help="Results files for instructors: hidden cases in full, and all the code printed "
+            "(by default they hold what a student may see).",
+        ),
+    ] = False,
 ) -> None:
-    """Grade SUBMISSIONS against the hidden reference. Exit 0 whenever grading completed."""
+    """Grade SUBMISSIONS against the hidden reference. Exit 0 whenever grading completed.
+    Results files hold what the student may see; the table printed here shows everything."""
     from autograder.stages import stage_ids, stages_for  # instant: usage errors come before torch loads
 
     for s in submissions:
@@ -84,9 +93,9 @@ def grade(
             r = grader.grade(sub, stages_for(sub, stage))
             graded.append(r)
             if results is not None:
-                write_results(r, results)
+                write_results(r, results, show_hidden)
             if results_dir is not None:
-                write_results(r, results_dir / safe_name(r.student) / "results.json")
+                write_results(r, results_dir / safe_name(r.student) / "results.json", show_hidden)
     if len(graded) == 1:
         console.print(test_table(graded[0]))
         print_notes(console, graded[0])

@@ -318,16 +318,30 @@ def _stage(s: StageResult, pictures: Mapping[CaseKey, str]) -> str:
             f"<details><summary>your code printed ({lines} line{'s' if lines != 1 else ''})</summary>"
             f"<pre>{_t(s.stdout, 4000)}</pre></details>"
         )
+    if s.private_notes or s.private_stdout.strip():  # an instructor's page only
+        items = "".join(f"<li>{_t(n, 1000)}</li>" for n in s.private_notes)
+        printed = f"<pre>{_t(s.private_stdout, 4000)}</pre>" if s.private_stdout.strip() else ""
+        parts.append(
+            '<div class="callout problem"><strong>After it received hidden inputs '
+            f"(instructors only)</strong><ul>{items}</ul>{printed}</div>"
+        )
     parts += [_test(s.stage, t, hints, pictures) for t in s.tests]
     parts.append("</section>")
     return "\n".join(parts)
 
 
-def render_html(result: SubmissionResult, pictures: Mapping[CaseKey, str] | None = None) -> str:
-    """The whole page. ``pictures`` maps (stage, test number, case label) to an image URI;
-    default: drawn from the result's kept arrays."""
+def render_html(
+    result: SubmissionResult, pictures: Mapping[CaseKey, str] | None = None, show_hidden: bool = False
+) -> str:
+    """The whole page: what the student may see (``visibility.for_students``), or with
+    ``show_hidden`` everything (an instructor's page). ``pictures`` maps (stage, test
+    number, case label) to an image URI; default: drawn from the result's kept arrays."""
+    from autograder.visibility import for_students
+
+    if not show_hidden:
+        result = for_students(result)
     if pictures is None:
-        pictures = draw_pictures(result)
+        pictures = draw_pictures(result, hidden=show_hidden)
     student = _t(result.student, 200)
     rows = "".join(
         f'<tr><td><a href="#{_anchor(s.stage)}">{_t(s.stage)}</a></td><td>{_badge(s.score, s.max_score)}</td>'
@@ -361,10 +375,15 @@ def render_html(result: SubmissionResult, pictures: Mapping[CaseKey, str] | None
 """
 
 
-def write_html(result: SubmissionResult, path: Path, pictures: Mapping[CaseKey, str] | None = None) -> Path:
+def write_html(
+    result: SubmissionResult,
+    path: Path,
+    pictures: Mapping[CaseKey, str] | None = None,
+    show_hidden: bool = False,
+) -> Path:
     """Write the page atomically, so a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = render_html(result, pictures)
+    text = render_html(result, pictures, show_hidden)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".feedback-", suffix=".html")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
@@ -395,6 +414,10 @@ def command(
     submission_timeout: Annotated[
         float, typer.Option(help="Seconds for everything of one submission.")
     ] = 120.0,
+    show_hidden: Annotated[
+        bool,
+        typer.Option("--show-hidden", help="Instructors' pages: hidden cases in full (never for students)."),
+    ] = False,
 ) -> None:
     """Grade SUBMISSIONS and write each student an HTML page: per test the message, the
     named mistake with its hint, and heatmaps of wrong tensors against the expected ones."""
@@ -429,5 +452,5 @@ def command(
     with grader:
         for sub in submissions:
             r = grader.grade(sub, stages_for(sub, stage))
-            page = write_html(r, out / safe_name(r.student) / "feedback.html")
+            page = write_html(r, out / safe_name(r.student) / "feedback.html", show_hidden=show_hidden)
             console.print(f"{escape(r.student, 80)}: {r.score:g} / {r.max_score:g} → {page}", markup=False)

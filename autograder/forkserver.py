@@ -6,7 +6,8 @@ interpreter, so it has never imported the reference, a stage spec or an expected
 nothing secret can be inherited by a fork), imports ``autograder.child`` and then waits.
 
 Protocol, over an inherited SOCK_SEQPACKET socket (its fd number is argv[1]):
-  parent -> server  {"job": DIR, "id": N}  with one fd attached: the event pipe's write end
+  parent -> server  {"job": DIR, "id": N}  with fds attached: the event pipe's write end and
+                                          the read end of the parent's go-ahead for hidden inputs
   server -> parent  {"ready": true}       once warm, before any request
   server -> parent  {"id": N, "pid": PID}  once forked
   server -> parent  {"id": N, "exit": CODE} when it has exited (negative: killed by signal)
@@ -24,14 +25,14 @@ import socket
 import sys
 
 
-def _child(sock: socket.socket, job: str, event_fd: int) -> None:
+def _child(sock: socket.socket, job: str, event_fd: int, control_fd: int | None) -> None:
     code = 70
     try:
         sock.close()
         os.setsid()
         from autograder import child
 
-        code = child.main(job, event_fd)
+        code = child.main(job, event_fd, control_fd)
     except BaseException:
         code = 71
     finally:
@@ -107,7 +108,7 @@ def serve(fd: int) -> None:
     while True:
         for key, _ in sel.select():
             if key.data is None:
-                msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, 1)
+                msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, 2)
                 if not msg:  # the parent has gone: leave, our children are killed by it
                     return
                 req = json.loads(msg)
@@ -116,7 +117,7 @@ def serve(fd: int) -> None:
                     sel.close()
                     for pidfd in running:
                         os.close(pidfd)
-                    _child(sock, req["job"], fds[0])
+                    _child(sock, req["job"], fds[0], fds[1] if len(fds) > 1 else None)
                 for f in fds:
                     os.close(f)
                 pidfd = os.pidfd_open(pid)

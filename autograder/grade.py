@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from autograder.load import LoadError, Source, find_stage_file, load_source
 from autograder.parts import Cells
 from autograder.results import CaseResult, StageResult, SubmissionResult, TestResult
 from autograder.runner import (
+    MIN_RETURN_BYTES,
     CallOutcome,
     ForkServer,
     Limits,
@@ -144,13 +145,19 @@ class StagePlan:
     spec: StageSpec
     device: str
     cases: list[PlannedCase]
-    calls: list[Planned]
-    inputs: dict[str, Tensor]
+    calls: list[Planned]  # public calls first, then hidden ones (each group in spec order)
+    inputs: dict[str, Tensor]  # the public calls' inputs
+    hidden_inputs: dict[str, Tensor] = field(default_factory=dict)
 
     @cached_property
     def inputs_file(self) -> bytes:
-        """The inputs as one safetensors file, serialised once for every submission."""
+        """The public inputs as one safetensors file, serialised once for every submission."""
         return safetensors.torch.save(self.inputs)
+
+    @cached_property
+    def hidden_file(self) -> bytes:
+        """The hidden inputs, likewise: a child receives them after its public calls."""
+        return safetensors.torch.save(self.hidden_inputs)
 
     @classmethod
     def build(cls, spec: StageSpec, device: str, hidden: bool = True) -> StagePlan:
@@ -185,9 +192,13 @@ class StagePlan:
                         variants=variants,
                     )
                     cases.append(PlannedCase(index, graded, test, case.label, expectation))
-                    items.append((index, _data_dict(data)))
+                    items.append((index, _data_dict(data), test.hidden))
                     index += 1
-        skeletons, inputs = encode_inputs(items)
+        # the two kinds of input travel apart: a child gets the hidden ones only after it
+        # has answered every public case (runner.run_submission)
+        skeletons, inputs = encode_inputs([(i, d) for i, d, h in items if not h])
+        hidden_skeletons, hidden_inputs = encode_inputs([(i, d) for i, d, h in items if h])
+        skeletons |= hidden_skeletons
         calls = [
             Planned(
                 pc.index,
@@ -197,10 +208,13 @@ class StagePlan:
                 pc.graded.forbidden,
                 skeletons[pc.index],
                 pc.graded.driver,
+                hidden=pc.test.hidden,
+                max_return_bytes=max(MIN_RETURN_BYTES, 16 * sum(v.nbytes for v in pc.expectation.values)),
             )
             for pc in cases
         ]
-        return cls(spec, device, cases, calls, inputs)
+        calls.sort(key=lambda c: c.hidden)  # stable: spec order within each kind
+        return cls(spec, device, cases, calls, inputs, hidden_inputs)
 
 
 def _cell_label(source: Source, i: int) -> str:
@@ -215,12 +229,12 @@ def _cell_error(err: dict[str, str]) -> str:
     return f"raised {err.get('type')}" + (f": {message}" if message else "")
 
 
-def _cell_notes(source: Source, report: RunReport) -> list[str]:
-    notes = list(source.notes)
-    for i, err in sorted(report.cell_errors.items()):
+def _cell_notes(source: Source, errors: dict[int, dict[str, str]], notes: list[str]) -> list[str]:
+    out = []
+    for i, err in sorted(errors.items()):
         where = f" at {err['where']}" if err.get("where") else ""
-        notes.append(f"{_cell_label(source, i)} {_cell_error(err)}{where}")
-    return notes + report.notes
+        out.append(f"{_cell_label(source, i)} {_cell_error(err)}{where}")
+    return out + notes
 
 
 def _lost_names(spec: StageSpec, source: Source, report: RunReport) -> dict[str, str]:
@@ -254,12 +268,16 @@ def score_stage(
     stdout: str = "",
     lost: dict[str, str] | None = None,
     keep_arrays: bool = False,
+    private_notes: list[str] | None = None,
+    private_stdout: str = "",
 ) -> StageResult:
     """Turn call outcomes into test results. ``failure`` (a load problem) fails every case.
-    ``keep_arrays``: failing cases keep small windows of their wrong outputs (for pictures)."""
+    ``keep_arrays``: failing cases keep small windows of their wrong outputs (for pictures).
+    ``private_*``: what the code produced after it received hidden inputs (instructors only)."""
     spec = plan.spec
     by_test: dict[tuple[str, str], list[tuple[PlannedCase, CaseResult]]] = {}
     forbidden: dict[str, str] = {}
+    public_forbidden: set[str] = set()
     for pc in plan.cases:
         if failure is not None or outcomes is None:
             result = CaseResult(pc.label, False, "not run")  # the reason heads the test's output
@@ -270,10 +288,19 @@ def score_stage(
             )
             if o.status == "missing" and lost and pc.graded.name in lost:
                 result.message += " " + lost[pc.graded.name]
-            if o.status == "forbidden" and pc.graded.name not in forbidden:
-                forbidden[pc.graded.name] = failure_message(
-                    pc.graded.name, pc.graded.signature, o.status, o.info
-                )
+            if o.status == "forbidden" and (pc.graded.name not in forbidden or not pc.test.hidden):
+                # the headline of every test of this name: the calls a public case named,
+                # else a fixed text (what a child says on a hidden case is not shown)
+                if not pc.test.hidden and pc.graded.name not in public_forbidden:
+                    public_forbidden.add(pc.graded.name)
+                    forbidden[pc.graded.name] = failure_message(
+                        pc.graded.name, pc.graded.signature, o.status, o.info
+                    )
+                elif pc.graded.name not in forbidden:
+                    forbidden[pc.graded.name] = (
+                        f"`{pc.graded.name}` called a function this task forbids (on a hidden case): "
+                        "build it from basic tensor operations."
+                    )
         by_test.setdefault((pc.graded.name, pc.test.group), []).append((pc, result))
     tests = []
     number = 0
@@ -310,7 +337,7 @@ def score_stage(
                     output=_test_output(test, results, score, failure or forbidden.get(graded.name)),
                 )
             )
-    return StageResult(spec.id, file, tests, notes, stdout)
+    return StageResult(spec.id, file, tests, notes, stdout, list(private_notes or ()), private_stdout)
 
 
 class Grader:
@@ -354,7 +381,8 @@ class Grader:
         values and those of the stages they run, before any submission is graded."""
         self.server  # noqa: B018  (starts it)
         for stage in sorted(set(stages) | {dep for s in stages for dep in requires(s)}):
-            self.plan(stage).inputs_file  # noqa: B018  (serialised once, here)
+            plan = self.plan(stage)
+            plan.inputs_file, plan.hidden_file  # noqa: B018  (serialised once, here)
 
     def close(self) -> None:
         if self._server is not None:
@@ -413,15 +441,18 @@ class Grader:
             self.device,
             spec_limits,
             parts,
+            hidden_inputs=plan.hidden_file,
         )
         return score_stage(
             plan,
             shown,
             report.calls,
-            part_notes + _cell_notes(source, report),
+            part_notes + source.notes + _cell_notes(source, report.cell_errors, report.notes),
             stdout=report.stdout,
             lost=_lost_names(plan.spec, source, report),
             keep_arrays=self.keep_arrays,
+            private_notes=_cell_notes(source, report.private_cell_errors, report.private_notes),
+            private_stdout=report.private_stdout,
         )
 
     def _parts(self, submission: Path, path: Path, spec: StageSpec) -> tuple[dict[str, Cells], list[str]]:

@@ -14,11 +14,12 @@ valid results file is left there: a fault of the grader gives score 0 and a visi
 
 Visibility. Every test is ``visible``, so a student sees each score before the deadline
 (the point of an autograder); the top-level ``stdout_visibility`` is ``hidden``.
-A public-case test shows its full output, as the notebook's self-check does. A
+What a student sees is ``visibility.for_students`` (the rule all student-facing outputs
+share): a public-case test shows its full output, as the notebook's self-check does; a
 hidden-case test shows only its score, how many cases passed and the named mistake with
-its hint (trusted text from the spec): no case labels, errors or values, and the
-submission's own printed output is never shown, since it may print hidden inputs. A
-student therefore cannot read the hidden cases back by submitting again and again.
+its hint (trusted text from the spec): no case labels, errors or values; and of what the
+submission printed, only what it printed before it received any hidden input. A student
+therefore cannot read the hidden cases back by submitting again and again.
 (``after_published`` was the alternative: it would hide those scores, and the total,
 until grades are released, leaving students nothing to act on.) The instructor sees
 everything, per case, in the autograder's stdout.
@@ -26,7 +27,6 @@ everything, per case, in the autograder's stdout.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -41,7 +41,7 @@ import typer
 from autograder.report import write_json
 
 if TYPE_CHECKING:
-    from autograder.results import SubmissionResult, TestResult
+    from autograder.results import SubmissionResult
 
 ROOT_ENV = "BERTLAB_AUTOGRADER_ROOT"
 CONFIG = "bertlab-gradescope.json"
@@ -50,10 +50,6 @@ DEFAULT_ZIP = Path("build/gradescope/autograder.zip")
 # the project files the runtime install needs (scripts/install.sh reads them)
 INSTALL_FILES = ("requirements.txt", "requirements-nodeps.txt", "pyproject.toml", "README.md")
 PACKAGES = ("autograder", "reference")
-HIDDEN_NOTE = (
-    "The inputs, errors and messages of hidden cases are not shown. Run the self-check of "
-    "`{function}` in your notebook: its public cases show each message in full."
-)
 FAILED = (
     "The autograder failed on this submission. This is a fault in the grader, not in your "
     "code: please tell your instructor. Your submission is kept and will be graded again."
@@ -212,35 +208,17 @@ def locate_submission(folder: Path, stages: list[str]) -> Path:
     return folder
 
 
-def _hidden_output(t: TestResult, hints: dict[str, str]) -> str:
-    from autograder.report import escape
-
-    passed = sum(c.passed for c in t.cases)
-    lines = [f"{passed}/{len(t.cases)} hidden cases passed; {t.score:g}/{t.max_score:g} points."]
-    if not t.passed:
-        lines += [f"likely mistake [{m}]: {hints.get(m, '')}" for m in t.misconceptions]
-        lines.append(HIDDEN_NOTE.format(function=t.function))
-    return escape("\n".join(lines))
-
-
 def student_view(result: SubmissionResult) -> dict[str, Any]:
-    """``report.to_gradescope`` with the visibility policy of this module's docstring."""
+    """``report.to_gradescope`` of what the student may see (``visibility.for_students``),
+    every test visible and tagged hidden or public."""
     from autograder.report import to_gradescope
-    from autograder.stages import load_spec
+    from autograder.visibility import for_students
 
-    quiet = dataclasses.replace(result, stages=[dataclasses.replace(s, stdout="") for s in result.stages])
-    data = to_gradescope(quiet)
-    if any(s.stdout.strip() for s in result.stages):
-        data["output"] += (
-            "\nWhat your code printed is not shown here (it ran on hidden inputs); "
-            "run your notebook to see it."
-        )
-    flat = [(s.stage, t) for s in result.stages for t in s.tests]
-    for entry, (stage, t) in zip(data["tests"], flat, strict=True):
+    data = to_gradescope(for_students(result))
+    flat = [t for s in result.stages for t in s.tests]
+    for entry, t in zip(data["tests"], flat, strict=True):
         entry["visibility"] = "visible"
         entry["tags"].append("hidden" if t.hidden else "public")
-        if t.hidden:
-            entry["output"] = _hidden_output(t, dict(load_spec(stage).misconceptions))
     return data
 
 

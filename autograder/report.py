@@ -59,6 +59,13 @@ def to_gradescope(result: SubmissionResult) -> dict[str, Any]:
                 "  your code printed:\n"
                 + "\n".join("    " + x for x in escape(stage.stdout, 2000).splitlines())
             )
+        # present only in an instructor's view (visibility.for_students removes them)
+        lines += [f"  after hidden inputs, note: {n}" for n in stage.private_notes]
+        if stage.private_stdout.strip():
+            lines.append(
+                "  all it printed, hidden cases included:\n"
+                + "\n".join("    " + x for x in escape(stage.private_stdout, 4000).splitlines())
+            )
     return {
         "score": round(result.score, 4),
         "output": escape("\n".join(lines), 20000),
@@ -68,8 +75,12 @@ def to_gradescope(result: SubmissionResult) -> dict[str, Any]:
     }
 
 
-def write_results(result: SubmissionResult, path: Path) -> None:
-    write_json(to_gradescope(result), path)
+def write_results(result: SubmissionResult, path: Path, show_hidden: bool = False) -> None:
+    """The results file of one submission: what its student may see
+    (``visibility.for_students``), or everything with ``show_hidden`` (instructors)."""
+    from autograder.visibility import for_students
+
+    write_json(to_gradescope(result if show_hidden else for_students(result)), path)
 
 
 def write_json(data: dict[str, Any], path: Path) -> None:

@@ -68,7 +68,11 @@ class StageResult:
     file: str | None  # the file graded, relative to the submission; None if missing
     tests: list[TestResult]
     notes: list[str]  # load problems, cells that raised, neutralised magics
-    stdout: str = ""
+    stdout: str = ""  # what the code printed before it received any hidden input
+    # What the code produced after it received hidden inputs (cells that raised, notes,
+    # and all it printed): it may carry them, so instructors only (visibility.for_students).
+    private_notes: list[str] = field(default_factory=list)
+    private_stdout: str = ""
 
     @property
     def score(self) -> float:

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Queue
@@ -31,9 +32,24 @@ import torch
 
 from autograder import sandbox, wire
 
-MAX_EVENT_BYTES = 512 << 20  # returned values travel here; a child that floods the pipe is cut off
-MAX_OUTPUT_FILE = 256 << 20
+# What the grader accepts from the children of one submission. Every byte a child sends is
+# read (or the child is cut off), but only these amounts are ever held, whatever it sends.
+MAX_CHILD_BYTES = 256 << 20  # read from one child; returned values travel here too
+MAX_RECEIVED = 2 << 30  # read from all the children of one submission (restarts included)
+MAX_LINE_BYTES = 1 << 20  # one event's JSON line (an honest one is a few hundred bytes)
+MIN_RETURN_BYTES = 16 << 20  # a call may return this much, or 16x what it should return
+MAX_RETAINED_BYTES = 256 << 20  # returned values held for one submission, all calls together
+MAX_OUTPUT_FILE = MAX_RETAINED_BYTES
+# The most one submission, whatever it sends, makes the grader hold beyond what an honest
+# one does: returned values (a call's twice, while its parts are joined), a line, a read.
+MEMORY_BUDGET_BYTES = 384 << 20
+MAX_TEXT = 2000  # one text field of an event (a message, a traceback's line)
+MAX_NOTES = 20  # notes kept per submission (and as many more from after hidden inputs)
 VALUE_KINDS = ("tensor", "ndarray", "scalar")  # the kinds of returned value that carry numbers
+# the statuses a child may report for a call (harness.run_call); anything else is not trusted
+CHILD_STATUSES = frozenset(
+    {"ok", "missing", "not_callable", "not_implemented", "type_error", "error", "forbidden", "bad_return"}
+)
 MAX_STDOUT = 4000
 MAX_RESTARTS = 4  # plus two per graded name
 
@@ -56,12 +72,26 @@ class Planned:
     forbidden: tuple[str, ...]
     data: dict[str, Any]  # wire skeletons of args/kwargs/init/state
     driver: str | None = None
+    hidden: bool = False  # a hidden case: its inputs reach the child after every public call
+    max_return_bytes: int = MIN_RETURN_BYTES  # returned values beyond this are not read
+
+    def wire(self) -> dict[str, Any]:
+        """The call as the child reads it (plan.json, or the hidden calls' file)."""
+        return {
+            "index": self.index,
+            "name": self.name,
+            "kind": self.kind,
+            "outputs": list(self.outputs),
+            "forbidden": list(self.forbidden),
+            "data": self.data,
+            "driver": self.driver,
+        }
 
 
 @dataclass
 class CallOutcome:
     status: str  # ok | missing | not_callable | not_implemented | type_error | error |
-    # forbidden | bad_return | timeout | crashed | skipped
+    # forbidden | bad_return (CHILD_STATUSES) | timeout | crashed | skipped | untrusted
     info: dict[str, Any] = field(default_factory=dict)
     outputs: list[tuple[str, torch.Tensor | None, dict[str, str]]] = field(default_factory=list)
     blob: bytes | None = None  # the returned values' raw bytes as the child sent them
@@ -69,12 +99,20 @@ class CallOutcome:
 
 @dataclass
 class RunReport:
+    """What the children of one submission produced. ``cell_errors``, ``notes`` and
+    ``stdout`` come from before the submission received any hidden input; the
+    ``private_*`` fields hold what came after (instructors only: it may carry hidden
+    inputs). Outcomes of hidden calls are, by nature, from after."""
+
     calls: dict[int, CallOutcome]
     cell_errors: dict[int, dict[str, str]]
     notes: list[str]
     stdout: str
     restarts: int
     wall_s: float
+    private_cell_errors: dict[int, dict[str, str]] = field(default_factory=dict)
+    private_notes: list[str] = field(default_factory=list)
+    private_stdout: str = ""  # all it printed, when it received hidden inputs
 
 
 def _exit_reason(code: int | None) -> str:
@@ -188,14 +226,17 @@ class ForkServer:
         if not self._ready.wait(timeout) or self._gone:
             raise RuntimeError("the fork server did not start: see the messages above")
 
-    def fork(self, job: Path, event_w: int) -> tuple[int, Queue]:
+    def fork(self, job: Path, event_w: int, control_r: int | None = None) -> tuple[int, Queue]:
+        """Fork a child for ``job``: it writes events to ``event_w`` and reads the
+        parent's go-ahead for hidden inputs from ``control_r``."""
         self.wait_ready()
+        fds = [event_w] if control_r is None else [event_w, control_r]
         with self._lock:
             rid = self._next
             self._next += 1
             q: Queue = Queue()
             self._waiting[rid] = q
-            socket.send_fds(self.sock, [json.dumps({"job": str(job), "id": rid}).encode()], [event_w])
+            socket.send_fds(self.sock, [json.dumps({"job": str(job), "id": rid}).encode()], fds)
         reply = q.get(timeout=60)
         if "pid" not in reply:
             raise RuntimeError("the fork server stopped: see the messages above")
@@ -234,67 +275,101 @@ def _kill_group(pid: int) -> None:
 
 
 class _Events:
-    """JSON lines from the child, bounded in size; garbage is ignored, not trusted. A line
-    with ``"raw": N`` is followed by N bytes of returned values (``wire.pack``), which
-    arrive as that event's ``blob``."""
+    """JSON lines from the child, bounded in size; garbage is ignored, not trusted.
 
-    def __init__(self, fd: int) -> None:
-        self.fd, self.total, self.eof = fd, 0, False
+    Each event goes to ``handle`` as soon as it is read, in order, so the watcher's state
+    (which call is running) is current when the next line is judged. A line with
+    ``"raw": N`` is followed by N bytes of returned values (``wire.pack``): they become the
+    event's ``blob`` only if ``raw_limit(event)`` allows N bytes; otherwise they are read
+    and dropped (``blob_refused``), so a child never makes the grader hold more than the
+    watcher allows. A line longer than ``MAX_LINE_BYTES`` is dropped unread."""
+
+    def __init__(
+        self,
+        fd: int,
+        handle: Callable[[dict[str, Any]], None],
+        raw_limit: Callable[[dict[str, Any]], int],
+        max_bytes: int = MAX_CHILD_BYTES,
+    ) -> None:
+        self.fd, self.total, self.eof, self.max_bytes = fd, 0, False, max_bytes
+        self.handle, self.raw_limit = handle, raw_limit
         self.pending: list[bytes] = []  # the start of a line not yet ended
+        self.pending_bytes = 0
+        self.skip_line = False  # inside a line that grew past MAX_LINE_BYTES
         self.raw_event: dict[str, Any] | None = None  # the event whose raw bytes are arriving
         self.raw_parts: list[bytes] = []
         self.raw_need = 0
+        self.raw_keep = False
+        self.cut_off = False  # the child sent more than max_bytes
         try:  # fewer, larger reads for the megabytes a big output sends
             fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
         except OSError:
             pass
 
-    def read(self, timeout: float) -> list[dict[str, Any]] | None:
-        """Events that arrived within ``timeout`` seconds; None on time-out."""
+    def read(self, timeout: float) -> bool:
+        """Handle what arrives within ``timeout`` seconds; False on time-out."""
         ready, _, _ = select.select([self.fd], [], [], max(timeout, 0.0))
         if not ready:
-            return None
+            return False
         chunk = os.read(self.fd, 1 << 20)
         if not chunk:
             self.eof = True
-            return []
+            return True
         self.total += len(chunk)
-        if self.total > MAX_EVENT_BYTES:
-            self.eof = True
-            return []
-        return self._feed(chunk)
+        if self.total > self.max_bytes:
+            self.eof = self.cut_off = True
+            return True
+        self.feed(chunk)
+        return True
 
-    def _feed(self, data: bytes) -> list[dict[str, Any]]:
+    def feed(self, data: bytes) -> None:
         # only new bytes are searched for line ends, and a line or a blob of many chunks is
         # joined once, when complete (searching a growing buffer each time is quadratic)
-        events: list[dict[str, Any]] = []
         at = 0
         while at < len(data):
             if self.raw_event is not None:
                 take = data[at : at + self.raw_need]
-                self.raw_parts.append(take)
+                if self.raw_keep:
+                    self.raw_parts.append(take)
                 self.raw_need -= len(take)
                 at += len(take)
                 if self.raw_need == 0:
-                    self.raw_event["blob"] = b"".join(self.raw_parts)
-                    events.append(self.raw_event)
-                    self.raw_event, self.raw_parts = None, []
+                    event, self.raw_event = self.raw_event, None
+                    if self.raw_keep:
+                        event["blob"] = b"".join(self.raw_parts)
+                    self.raw_parts = []
+                    self.handle(event)
                 continue
             end = data.find(b"\n", at)
             if end < 0:
-                self.pending.append(data[at:])
+                self._pend(data[at:])
                 break
+            if self.skip_line:
+                self.skip_line, at = False, end + 1
+                continue
             line = b"".join([*self.pending, data[at:end]])
-            self.pending, at = [], end + 1
+            self.pending, self.pending_bytes, at = [], 0, end + 1
+            if len(line) > MAX_LINE_BYTES:
+                continue
             event = _parse(line)
             if event is None:
                 continue
             raw = event.pop("raw", None)
-            if type(raw) is int and 0 < raw <= MAX_OUTPUT_FILE:
+            if type(raw) is int and raw > 0:
                 self.raw_event, self.raw_need = event, raw
+                self.raw_keep = raw <= self.raw_limit(event)
+                if not self.raw_keep:
+                    event["blob_refused"] = raw
             else:
-                events.append(event)
-        return events
+                self.handle(event)
+
+    def _pend(self, part: bytes) -> None:
+        if self.skip_line:
+            return
+        self.pending.append(part)
+        self.pending_bytes += len(part)
+        if self.pending_bytes > MAX_LINE_BYTES:  # no event is this long: drop it, unread
+            self.pending, self.pending_bytes, self.skip_line = [], 0, True
 
 
 def _parse(line: bytes) -> dict[str, Any] | None:
@@ -320,16 +395,26 @@ def _clean(event: dict[str, Any]) -> dict[str, Any]:
         elif key in ("layers", "failed") and isinstance(value, list):
             out[key] = [str(c)[:200] for c in value[:20] if isinstance(c, str)]
         elif isinstance(value, str):
-            out[key] = value
+            out[key] = value[:MAX_TEXT]
         elif type(value) in (int, float, bool):
             out[key] = value
     return out
 
 
+def _device(value: Any) -> str:
+    """A device the child names, as torch writes it; "unknown" for anything else."""
+    try:
+        return str(torch.device(str(value)[:40]))
+    except (RuntimeError, ValueError, TypeError):
+        return "unknown"
+
+
 def _load_outputs(
     blob: bytes | None, described: list[Any], n: int
 ) -> list[tuple[str, torch.Tensor | None, dict]]:
-    """Parse the child's returned values as plain tensors, checking them against its report."""
+    """Parse the child's returned values as plain tensors, checking them against its report.
+    Every fact the comparison reads is checked here: a child that leaves one out, or
+    sends one of another kind, gets "unknown", never an exception in the grader."""
     if (
         not isinstance(described, list)
         or len(described) != n
@@ -342,14 +427,113 @@ def _load_outputs(
     # raw bytes checked against the dtype and shape each one claims: nothing executes
     layouts = [d.get("layout") for d, kind in zip(described, kinds, strict=True) if kind != "other"]
     tensors = iter(wire.unpack(layouts, blob or b""))
-    return [
-        (
-            kind,
-            next(tensors) if kind != "other" else None,
-            {str(a)[:40]: str(b)[:100] for a, b in d.items() if a != "layout"},
-        )
-        for d, kind in zip(described, kinds, strict=True)
-    ]
+    items = []
+    for d, kind in zip(described, kinds, strict=True):
+        facts = {str(a)[:40]: str(b)[:100] for a, b in list(d.items())[:8] if a not in ("layout", "kind")}
+        facts["device"] = _device(d.get("device", "cpu" if kind != "tensor" else None))
+        facts.setdefault("type", "value")
+        items.append((kind, next(tensors) if kind != "other" else None, facts))
+    return items
+
+
+class _Watch:
+    """What the parent accepts from the children of one submission, and what it believes.
+
+    Only the parent's own view of the run counts: a cell or call is "running" only in the
+    order the plan runs them (each cell once per child, in order; each call once), so a
+    child cannot restart the clocks or report on a call it is not making. A call's report
+    is taken once, only while that call runs, with a known status and returned values no
+    larger than the call may return; notes and cell errors are capped in number and size.
+
+    Taint. Hidden inputs reach the child only after every public call has its outcome (the
+    child asks with a ``hidden`` event; ``release`` answers). Whatever a child sends from
+    then on, and everything from a child forked after that, may carry hidden inputs: it is
+    kept apart (``private_*``) for instructors, and never reaches what a student sees."""
+
+    def __init__(self, calls: list[Planned], n_cells: int) -> None:
+        self.by_index = {c.index: c for c in calls}
+        self.public = {c.index for c in calls if not c.hidden}
+        self.n_cells = n_cells
+        self.outcomes: dict[int, CallOutcome] = {}
+        self.cell_errors: dict[int, dict[str, str]] = {}
+        self.notes: list[str] = []
+        self.private_cell_errors: dict[int, dict[str, str]] = {}
+        self.private_notes: list[str] = []
+        self.released = False  # hidden inputs were given to a child
+        self.retained = 0  # bytes of returned values held
+        self.new_child(tainted=False)
+
+    def new_child(self, tainted: bool) -> None:
+        self.tainted = tainted
+        self.current: tuple[str, int] | None = None
+        self.last_cell = -1
+        self.calls_run: set[int] = set()  # each call starts once per child
+        self.started = time.monotonic()
+        self.finished = self.asks_hidden = self.answered = False
+
+    @property
+    def public_done(self) -> bool:
+        return self.public.issubset(self.outcomes)
+
+    def raw_limit(self, event: dict[str, Any]) -> int:
+        i = event.get("i")
+        if event.get("e") != "call_end" or self.current != ("call", i) or i in self.outcomes:
+            return 0
+        return min(self.by_index[i].max_return_bytes, MAX_RETAINED_BYTES - self.retained)
+
+    def handle(self, ev: dict[str, Any]) -> None:
+        kind, i = ev["e"], ev.get("i")
+        if kind == "cell":
+            if isinstance(i, int) and self.last_cell < i < self.n_cells:
+                self.current, self.started, self.last_cell = ("cell", i), time.monotonic(), i
+        elif kind == "cell_error":
+            if self.current == ("cell", i):
+                errors = self.private_cell_errors if self.tainted else self.cell_errors
+                errors[i] = {k: str(ev.get(k, ""))[:MAX_TEXT] for k in ("type", "message", "where")}
+        elif kind == "call":
+            if i in self.by_index and i not in self.outcomes and i not in self.calls_run and self._may_run(i):
+                self.current, self.started = ("call", i), time.monotonic()
+                self.calls_run.add(i)
+        elif kind == "call_end":
+            if self.current == ("call", i) and i not in self.outcomes:
+                self.outcomes[i] = self._outcome(ev)
+                self.current, self.started = None, time.monotonic()
+        elif kind == "note":
+            notes = self.private_notes if self.tainted else self.notes
+            if len(notes) < MAX_NOTES:
+                notes.append(str(ev.get("text", ""))[:300])
+        elif kind == "hidden":
+            has_hidden = len(self.public) < len(self.by_index)
+            self.asks_hidden = has_hidden and self.public_done and not self.answered
+        elif kind == "done":
+            self.finished = True
+
+    def _may_run(self, i: int) -> bool:
+        # public calls before the hidden inputs are given, hidden ones only after
+        return (i in self.public) != self.tainted
+
+    def _outcome(self, ev: dict[str, Any]) -> CallOutcome:
+        info = {k: v for k, v in ev.items() if k not in ("e", "i", "status", "blob", "blob_refused")}
+        status = ev.get("status")
+        if status not in CHILD_STATUSES:
+            return CallOutcome(
+                "untrusted", {"message": "the grading process sent a report the grader cannot trust"}
+            )
+        if "blob_refused" in ev:
+            limit = self.by_index[ev["i"]].max_return_bytes
+            return CallOutcome(
+                "bad_return",
+                {
+                    "message": f"returned {ev['blob_refused'] / 1e6:.1f} MB of values; at most "
+                    f"{limit / 1e6:.1f} MB are read for this call (is a shape wrong?)"
+                },
+            )
+        outcome = CallOutcome(status, info)
+        blob = ev.get("blob")
+        if isinstance(blob, bytes):
+            outcome.blob = blob
+            self.retained += len(blob)
+        return outcome
 
 
 def run_submission(
@@ -361,19 +545,24 @@ def run_submission(
     device: str,
     limits: Limits,
     parts: dict[str, list[tuple[str, str]]] | None = None,
+    hidden_inputs: bytes = b"",
 ) -> RunReport:
     """Run one submission's code and calls in children; return what they produced.
-    ``parts``: the same submission's earlier stages this one loads (``autograder.parts``)."""
+    ``parts``: the same submission's earlier stages this one loads (``autograder.parts``).
+    ``inputs`` hold the public calls' case data, ``hidden_inputs`` the hidden calls'
+    (safetensors files): the child gets the second only after the public calls."""
     t0 = time.monotonic()
-    outcomes: dict[int, CallOutcome] = {}
-    cell_errors: dict[int, dict[str, str]] = {}
-    notes: list[str] = []
-    by_index = {c.index: c for c in calls}
+    watch = _Watch(calls, len(cells))
+    outcomes = watch.outcomes
+    by_index = watch.by_index
+    hidden = [c for c in calls if c.hidden]
     skip_cells: list[int] = []
     crashes: dict[str, int] = {}
     restarts = 0
     max_restarts = MAX_RESTARTS + 2 * len({c.name for c in calls})
     stopped = f"not run: the submission used up its {limits.submission_s:g} s"
+    received = 0  # bytes from every child of this submission
+    clean_stdout: str | None = None  # what the code printed before it received hidden inputs
     last_exit: Queue | None = None
     job_end = contextlib.ExitStack()  # the job dir and the uid lease: closed now, or deferred
     deferred = False
@@ -387,101 +576,97 @@ def run_submission(
             "module_name": module_name,
             "device": device,
             "cells": cells,
-            "calls": [
-                {
-                    "index": c.index,
-                    "name": c.name,
-                    "kind": c.kind,
-                    "outputs": list(c.outputs),
-                    "forbidden": list(c.forbidden),
-                    "data": c.data,
-                    "driver": c.driver,
-                }
-                for c in calls
-            ],
+            "calls": [c.wire() for c in calls if not c.hidden],
+            "hidden": len(hidden),
             "parts": parts or {},
         }
         (job / "plan.json").write_text(json.dumps(plan))
         (job / "inputs.safetensors").write_bytes(inputs)
+        # empty until released: the child opens it before it is confined, and reads it only
+        # once the parent has written the hidden calls into it
+        hidden_file = job / "hidden.bin"
+        hidden_file.touch(mode=0o600)
         while True:
             (job / "resume.json").write_text(
                 json.dumps({"skip_cells": skip_cells, "skip_calls": sorted(outcomes), "uid": uid})
             )
             r, w = os.pipe()
+            control_r, control_w = os.pipe()
             try:
-                pid, exits = server.fork(job, w)
+                pid, exits = server.fork(job, w, control_r)
             finally:
                 os.close(w)
-            events = _Events(r)
-            current: tuple[str, int] | None = None
-            started = time.monotonic()
-            finished = timed_out = False
+                os.close(control_r)
+            watch.new_child(tainted=watch.released)
+            events = _Events(r, watch.handle, watch.raw_limit, min(MAX_CHILD_BYTES, MAX_RECEIVED - received))
+            timed_out = False
             try:
-                while not (finished or events.eof):
-                    budget = limits.submission_s - (time.monotonic() - t0)
-                    limit = limits.call_s if current and current[0] == "call" else limits.cell_s
-                    wait = min(limit - (time.monotonic() - started), budget)
-                    got = events.read(wait)
-                    if got is None:
+                while not (watch.finished or events.eof):
+                    now = time.monotonic()
+                    limit = limits.call_s if watch.current and watch.current[0] == "call" else limits.cell_s
+                    # explicit deadlines: a child that keeps talking does not stop the clocks
+                    wait = min(watch.started + limit, t0 + limits.submission_s) - now
+                    if wait <= 0 or not events.read(wait):
                         timed_out = True
                         break
-                    for ev in got:
-                        kind, i = ev["e"], ev.get("i")
-                        if kind in ("cell", "call") and isinstance(i, int):
-                            current, started = (kind, i), time.monotonic()
-                        elif kind == "cell_error" and isinstance(i, int):
-                            cell_errors[i] = {
-                                k: str(ev.get(k, ""))[:2000] for k in ("type", "message", "where")
-                            }
-                        elif kind == "call_end" and i in by_index and i not in outcomes:
-                            info = {k: v for k, v in ev.items() if k not in ("e", "i")}
-                            blob = info.pop("blob", None)
-                            outcomes[i] = CallOutcome(str(info.pop("status", "error")), info)
-                            if isinstance(blob, bytes):
-                                outcomes[i].blob = blob
-                            current = None
-                        elif kind == "note" and len(notes) < 20:
-                            notes.append(str(ev.get("text", ""))[:300])
-                        elif kind == "done":
-                            finished = True
+                    if watch.asks_hidden:
+                        watch.asks_hidden, watch.answered = False, True
+                        watch.started = time.monotonic()
+                        if not watch.released:
+                            # what it printed so far is the student's to see; whatever
+                            # comes after may hold hidden inputs
+                            clean_stdout = _read_head(job / "stdout.txt", MAX_STDOUT)
+                            _write_hidden(hidden_file, hidden, hidden_inputs)
+                            watch.released = watch.tainted = True
+                        os.write(control_w, b"g")
             finally:
                 _kill_group(pid)
+                received += events.total
                 os.close(r)
-                if not finished:
+                os.close(control_w)
+                if not watch.finished:
                     try:  # reaped first, so the sweep below finds only what detached
                         code = exits.get(timeout=30).get("exit")
                     finally:
                         if uid is not None:  # whatever detached from the group still has the job's uid
                             sandbox.kill_uid(uid)
-            if finished:
+            if watch.finished:
                 last_exit = exits  # its exit and the final sweep are awaited in the background
                 break
-            # The child hung or died part-way: charge it to what was running, resume after it.
+            if received >= MAX_RECEIVED:
+                note = (
+                    "grading of this submission stopped: it sent the grader more data than any answer needs"
+                )
+                (watch.private_notes if watch.tainted else watch.notes).append(note)
+                stopped = "not run: " + note.removeprefix("grading of this submission ")
+                break
+            # The child hung, died or flooded the grader part-way: charge it to what was
+            # running, resume after it.
+            if events.cut_off:
+                died = f"was stopped: it sent the grader more than {events.max_bytes >> 20} MB"
+            else:
+                died = f"stopped: {_exit_reason(code)}"
+            current = watch.current
             if current is None:
                 if not timed_out:
-                    notes.append(
-                        f"the grading process for this submission stopped unexpectedly: {_exit_reason(code)}"
-                    )
+                    note = f"the grading process for this submission {died}"
+                    (watch.private_notes if watch.tainted else watch.notes).append(note)
                 break
             what, i = current
             reason = (
                 f"did not finish within {limits.call_s if what == 'call' else limits.cell_s:g} s "
                 f"(an infinite loop, or a wait for input?)"
                 if timed_out
-                else f"stopped: {_exit_reason(code)}"
+                else died
             )
             if what == "cell":
                 skip_cells.append(i)
-                cell_errors[i] = {
-                    "type": "Timeout" if timed_out else "Crash",
-                    "message": reason,
-                    "where": "",
-                }
+                errors = watch.private_cell_errors if watch.tainted else watch.cell_errors
+                errors[i] = {"type": "Timeout" if timed_out else "Crash", "message": reason, "where": ""}
             else:
                 name = by_index[i].name
-                outcomes[i] = CallOutcome(
-                    "timeout" if timed_out else "crashed", {"message": f"{name} {reason}"}
-                )
+                status = "timeout" if timed_out else "crashed"
+                outcomes[i] = CallOutcome(status, {"message": f"{name} {reason}"})
                 crashes[name] = crashes.get(name, 0) + 1
                 # A name that hung once, or crashed twice, would do it again: don't spend
                 # the submission's budget on it.
@@ -495,22 +680,23 @@ def run_submission(
             restarts += 1
             if restarts > max_restarts:
                 stopped = "not run: grading of this submission stopped after too many hangs or crashes"
-                notes.append(stopped.removeprefix("not run: "))
+                watch.notes.append(stopped.removeprefix("not run: "))
                 break
             if time.monotonic() - t0 >= limits.submission_s:
                 break
-        for c in calls:
-            outcome = outcomes.setdefault(c.index, CallOutcome("skipped", {"message": stopped}))
-            if outcome.status == "ok":
-                try:
-                    outcome.outputs = _load_outputs(outcome.blob, outcome.info.get("outputs"), len(c.outputs))
-                    outcome.blob = None
-                except Exception as exc:  # any malformed file: that call fails, nothing else
-                    outcomes[c.index] = CallOutcome(
-                        "bad_return", {"message": f"unreadable returned values ({exc})"}
-                    )
+        finish_outcomes(calls, outcomes, stopped)
         stdout = _read_head(job / "stdout.txt", MAX_STDOUT)
-        report = RunReport(outcomes, cell_errors, notes, stdout, restarts, time.monotonic() - t0)
+        report = RunReport(
+            outcomes,
+            watch.cell_errors,
+            watch.notes,
+            stdout if clean_stdout is None else clean_stdout,
+            restarts,
+            time.monotonic() - t0,
+            private_cell_errors=watch.private_cell_errors,
+            private_notes=watch.private_notes,
+            private_stdout=stdout if watch.released else "",
+        )
         if last_exit is not None:
 
             def end_job(exits: Queue = last_exit) -> None:
@@ -525,6 +711,29 @@ def run_submission(
     finally:
         if not deferred:
             job_end.close()
+
+
+def finish_outcomes(calls: list[Planned], outcomes: dict[int, CallOutcome], stopped: str) -> None:
+    """Every call gets an outcome; a reported success gets its returned values as tensors,
+    checked against what the child said they are (a malformed report fails that call)."""
+    for c in calls:
+        outcome = outcomes.setdefault(c.index, CallOutcome("skipped", {"message": stopped}))
+        if outcome.status == "ok":
+            try:
+                outcome.outputs = _load_outputs(outcome.blob, outcome.info.get("outputs"), len(c.outputs))
+                outcome.blob = None
+            except ValueError as exc:  # wire.unpack and _load_outputs say what is malformed
+                outcomes[c.index] = CallOutcome(
+                    "bad_return", {"message": f"unreadable returned values ({str(exc)[:200]})"}
+                )
+
+
+def _write_hidden(path: Path, calls: list[Planned], inputs: bytes) -> None:
+    """The hidden calls and their inputs, into the file the child already holds open:
+    an 8-byte length, the calls as JSON, then the inputs' safetensors bytes."""
+    head = json.dumps([c.wire() for c in calls]).encode()
+    with open(path, "r+b") as f:
+        f.write(len(head).to_bytes(8, "little") + head + inputs)
 
 
 def _read_head(path: Path, limit: int) -> str:

@@ -79,6 +79,7 @@ _DTYPES = {
 }
 MAX_DIMS = 16
 MAX_DIM_SIZE = 1 << 40
+MAX_STRIDE_BYTES = 1 << 48  # far beyond any memory, far below int64's overflow
 
 
 def pack(tensors: list[torch.Tensor]) -> tuple[list[dict[str, Any]], list[memoryview]]:
@@ -116,14 +117,20 @@ def unpack(layouts: Any, blob: bytes | bytearray) -> list[torch.Tensor]:
             or not all(type(s) is int and 0 <= s <= MAX_DIM_SIZE for s in shape)
         ):
             raise ValueError("a returned value has a malformed shape")
+        # the strides of an empty tensor still multiply its other dimensions: bound them too
+        if math.prod(s for s in shape if s) * dtype.itemsize > MAX_STRIDE_BYTES:
+            raise ValueError("a returned value has a malformed shape")
         nbytes = math.prod(shape) * dtype.itemsize
         if at + nbytes > len(blob):
             raise ValueError("the returned values are shorter than their layout says")
-        if nbytes:
-            flat = torch.frombuffer(bytearray(memoryview(blob)[at : at + nbytes]), dtype=torch.uint8)
-            out.append(flat.view(dtype).view(shape))
-        else:
-            out.append(torch.empty(shape, dtype=dtype))
+        try:
+            if nbytes:
+                flat = torch.frombuffer(bytearray(memoryview(blob)[at : at + nbytes]), dtype=torch.uint8)
+                out.append(flat.view(dtype).view(shape))
+            else:
+                out.append(torch.empty(shape, dtype=dtype))
+        except (RuntimeError, ValueError, TypeError, OverflowError) as exc:  # whatever torch refuses
+            raise ValueError(f"a returned value cannot be rebuilt ({str(exc)[:100]})") from None
         at += nbytes
     if at != len(blob):
         raise ValueError("the returned values are longer than their layout says")

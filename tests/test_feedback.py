@@ -81,8 +81,12 @@ def test_page_holds_every_message_and_the_named_mistakes_hint(graded, student):
     hints = load_spec(STAGE).misconceptions
     assert f"Feedback for {student}" in text
     for t in result.stages[0].tests:
-        assert t.output.partition("\n")[0] in text  # "0/3 cases passed; 0/2 points."
         assert f"{t.score:g} / {t.max_score:g}" in text
+        if t.hidden:  # its score, how many cases passed, its hint: never a case (visibility)
+            assert f"{sum(c.passed for c in t.cases)}/{len(t.cases)} hidden cases passed" in text
+            assert not any(c.label in text for c in t.cases)
+            continue
+        assert t.output.partition("\n")[0] in text  # "0/3 cases passed; 0/2 points."
         for c in t.cases:
             assert c.label in text
             assert c.message.split(feedback.HINT_MARK)[0] in text, (t.name, c.label)

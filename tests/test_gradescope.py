@@ -169,7 +169,10 @@ def test_hostile_submission_cannot_plant_its_grade(runs):
     data = r["results"]
     assert_gradescope_results(data, 17.0, 15)
     assert data["score"] == 0
-    assert "987654" not in json.dumps(data)  # neither the planted file nor the printed JSON
+    # neither the planted file nor the printed JSON is the grade: what it printed (before
+    # it received any hidden input) is shown as printed, in the top-level output only
+    assert "987654" not in json.dumps(data["tests"])
+    assert 'your code printed:\n    {"score": 987654}' in data["output"]
 
 
 def test_a_grader_crash_still_writes_a_valid_failed_results_file(runs):

@@ -1,0 +1,84 @@
+"""What a student may see of a result: the one rule every student-facing output applies.
+
+Gradescope's results, the CLI's results files, the HTML feedback and the batch's exports
+for students all render ``for_students(result)``, never the result itself. The rule:
+
+- A **public** test is shown whole: its cases' labels, messages, values and pictures. Its
+  calls ran before the submission received any hidden input (``runner.run_submission``
+  gives the child the hidden inputs only after every public call has its outcome), so
+  nothing in it can carry one.
+- A **hidden** test shows its score, how many of its cases passed, and the named mistakes
+  with their hints (trusted text from the stage spec). Not its cases' labels or shapes, not
+  an error message, not a value: they are derived from hidden inputs or expected values, or
+  were written by code that held hidden inputs.
+- What the code printed, its notes and its cells' errors are shown only from before it
+  received hidden inputs (``StageResult.stdout``, ``notes``); what came after
+  (``private_stdout``, ``private_notes``) is for instructors.
+
+Scores themselves depend on hidden cases, by design: that is what a score is. A student can
+learn no more from them than how many hidden cases pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from autograder.results import CaseResult, StageResult, SubmissionResult, TestResult
+
+HIDDEN_NOTE = (
+    "The inputs, errors and messages of hidden cases are not shown. Run the self-check of "
+    "`{function}` in your notebook: its public cases show each message in full."
+)
+PRIVATE_OUTPUT_NOTE = (
+    "What your code printed or raised after it received hidden inputs is not shown; "
+    "run your notebook to see what it prints."
+)
+
+
+def hidden_summary(t: TestResult, hints: Mapping[str, str]) -> str:
+    """The whole student-facing text of a hidden test."""
+    passed = sum(c.passed for c in t.cases)
+    lines = [f"{passed}/{len(t.cases)} hidden cases passed; {t.score:g}/{t.max_score:g} points."]
+    if not t.passed:
+        lines += [f"likely mistake [{m}]: {hints.get(m, '')}" for m in t.misconceptions]
+        lines.append(HIDDEN_NOTE.format(function=t.function))
+    return "\n".join(lines)
+
+
+def _hints(stage: str) -> Mapping[str, str]:
+    from autograder.stages import load_spec
+
+    try:
+        return load_spec(stage).misconceptions
+    except (ImportError, KeyError, ValueError, FileNotFoundError):  # not a stage of ours: no hints
+        return {}
+
+
+def _hidden_test(t: TestResult, hints: Mapping[str, str]) -> TestResult:
+    known = [m for m in t.misconceptions if m in hints]  # only ids the spec names
+    t = dataclasses.replace(t, misconceptions=known)
+    cases = [
+        CaseResult(
+            f"hidden case {k}",
+            c.passed,
+            "passed" if c.passed else "failed",
+            [m for m in c.misconceptions if m in hints],
+        )
+        for k, c in enumerate(t.cases, start=1)
+    ]
+    return dataclasses.replace(t, cases=cases, output=hidden_summary(t, hints))
+
+
+def _stage(s: StageResult) -> StageResult:
+    hints = _hints(s.stage)
+    tests = [_hidden_test(t, hints) if t.hidden else t for t in s.tests]
+    notes = list(s.notes)
+    if s.private_notes or s.private_stdout.strip():
+        notes.append(PRIVATE_OUTPUT_NOTE)
+    return dataclasses.replace(s, tests=tests, notes=notes, private_notes=[], private_stdout="")
+
+
+def for_students(result: SubmissionResult) -> SubmissionResult:
+    """A copy of ``result`` holding only what its student may see (the module's rule)."""
+    return dataclasses.replace(result, stages=[_stage(s) for s in result.stages])
