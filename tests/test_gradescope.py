@@ -172,7 +172,8 @@ def test_hostile_submission_cannot_plant_its_grade(runs):
     # neither the planted file nor the printed JSON is the grade: what it printed (before
     # it received any hidden input) is shown as printed, in the top-level output only
     assert "987654" not in json.dumps(data["tests"])
-    assert 'your code printed:\n    {"score": 987654}' in data["output"]
+    printed = data["output"].partition("your code printed:\n")[2]
+    assert '    {"score": 987654}' in printed.splitlines()
 
 
 def test_a_grader_crash_still_writes_a_valid_failed_results_file(runs):

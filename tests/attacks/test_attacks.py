@@ -123,6 +123,8 @@ EXPECTED: dict[str, dict[str, int]] = {
     "nb_shell_escapes": FULL,
     "nb_redefine_after_selfcheck": zero("softmax"),
     "nb_forged_outputs": zero("softmax"),
+    # reading hidden cases back through what a student sees
+    "leak_hidden_inputs": zero("softmax"),
 }
 
 # Hostile student names for the second CLI run (copies of traversal_names/01_attention.py).
@@ -561,6 +563,36 @@ def _extra_no_reference_text(run: dict, attack: str) -> None:
         assert REFERENCE_TEXT not in text_of(result), student
 
 
+def _softmax_fingerprints(token: str) -> dict[str, set[str]]:
+    """The probe of every softmax input, as leak_hidden_inputs computes it, public and hidden."""
+    from autograder.grade import StagePlan
+    from autograder.stages import load_spec
+    from autograder.wire import decode
+
+    plan = StagePlan.build(load_spec(STAGE), "cpu")
+    calls = {c.index: c for c in plan.calls}
+    found: dict[str, set[str]] = {"public": set(), "hidden": set()}
+    for pc in plan.cases:
+        if pc.graded.name == "softmax":
+            inputs = plan.hidden_inputs if pc.test.hidden else plan.inputs
+            (x,) = decode(calls[pc.index].data["args"], inputs)[:1]
+            digest = hashlib.sha256(x.contiguous().numpy().tobytes()).hexdigest()[:24]
+            found["hidden" if pc.test.hidden else "public"].add(f"HIDDEN-PROBE-{token}-{digest}")
+    found["hidden"] -= found["public"]
+    return found
+
+
+def _extra_no_hidden_input(run: dict, attack: str) -> None:
+    text = text_of(run["results"][attack])
+    probes = _softmax_fingerprints(run["token"])
+    assert any(p in text for p in probes["public"]), "no public input got through: the probe is broken"
+    leaked = sorted(p for p in probes["hidden"] if p in text)
+    assert not leaked, f"hidden inputs reached the student's results: {leaked}"
+    assert f"HIDDEN-PROBE-{run['token']}" not in json.dumps(
+        [t["name"] for t in run["results"][attack]["tests"]]
+    )
+
+
 EXTRA = {
     "forge_stdout": [_extra_forge_stdout],
     "forge_markup": [_extra_clean_console],
@@ -580,6 +612,7 @@ EXTRA = {
     "symlink_to_system_file": [_extra_no_passwd],
     "symlink_file_to_reference": [_extra_no_reference_text],
     "symlink_dir_to_reference": [_extra_no_reference_text],
+    "leak_hidden_inputs": [_extra_no_hidden_input],
 }
 
 
@@ -589,7 +622,6 @@ EXTRA = {
 # closes them, the suite says so.
 IN_PROCESS_LIMITS = {
     "forbidden_close_guard": "destroys the kernel guard found through gc before calling torch.softmax",
-    "forbidden_forge_events": "reports forged call results from import time, before any guard exists",
 }
 
 
