@@ -125,6 +125,9 @@ EXPECTED: dict[str, dict[str, int]] = {
     "nb_forged_outputs": zero("softmax"),
     # reading hidden cases back through what a student sees
     "leak_hidden_inputs": zero("softmax"),
+    # the trusted grader's own bounds
+    "protocol_patch_modules": FULL,
+    "flood_forged_reports": FULL,
 }
 
 # Hostile student names for the second CLI run (copies of traversal_names/01_attention.py).
@@ -613,6 +616,7 @@ EXTRA = {
     "symlink_file_to_reference": [_extra_no_reference_text],
     "symlink_dir_to_reference": [_extra_no_reference_text],
     "leak_hidden_inputs": [_extra_no_hidden_input],
+    "flood_forged_reports": [_extra_grader_survived],
 }
 
 
