@@ -18,6 +18,11 @@ computed or stored becomes an error row for that student (graded again by the ne
 and the batch goes on; and a stored grade holds a bounded share of what the student's code
 produced (``bounded``), so no submission can make its row too big for SQLite.
 
+A grade that replaces a stored one is compared with it first (``compare``): per student and
+test, the old and new score and why they differ (a new case that fails, a test added, an
+error row graded now), so that new hidden cases added mid-course can be announced; a dry
+run (``dry_run=True``) grades and compares, and writes nothing.
+
 Only this (trusted) process grades and writes the database: its worker threads share one
 ``Grader`` (one fork server, one set of expected values), and student code runs only in
 the fork server's children.
@@ -36,7 +41,7 @@ import sys
 import time
 import traceback
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -297,14 +302,23 @@ def _long(key: object) -> bool:
 
 
 class Gradebook:
-    """The SQLite gradebook: one row per (student, stage), written one transaction each."""
+    """The SQLite gradebook: one row per (student, stage), written one transaction each.
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    ``read_only``: SQLite itself refuses every write (a dry run), and a gradebook that does
+    not exist yet is read as an empty one, not created."""
+
+    def __init__(self, path: Path, read_only: bool = False) -> None:
         self.path = path
-        self.db = sqlite3.connect(path, timeout=60)
-        self.db.execute("PRAGMA journal_mode=WAL")  # a reader (export) never blocks the batch
-        self.db.execute("PRAGMA synchronous=FULL")  # a committed grade survives a crash
+        if read_only:
+            if path.exists():
+                self.db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=60)
+                return
+            self.db = sqlite3.connect(":memory:")
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(path, timeout=60)
+            self.db.execute("PRAGMA journal_mode=WAL")  # a reader (export) never blocks the batch
+            self.db.execute("PRAGMA synchronous=FULL")  # a committed grade survives a crash
         self.db.executescript(SCHEMA)
 
     def close(self) -> None:
@@ -318,6 +332,16 @@ class Gradebook:
 
     def done(self) -> dict[tuple[str, str], str]:
         return {(s, st): f for s, st, f in self.db.execute("SELECT student, stage, fingerprint FROM grades")}
+
+    def get(self, student: str, stage: str) -> dict[str, Any] | None:
+        """The stored row of (student, stage), as ``rows`` gives it; None if there is none."""
+        cur = self.db.execute(
+            "SELECT student, stage, fingerprint, score, max_score, result, graded_at FROM grades "
+            "WHERE student = ? AND stage = ?",
+            (student, stage),
+        )
+        row = cur.fetchone()
+        return None if row is None else dict(zip([c[0] for c in cur.description], row, strict=True))
 
     def put(self, unit: Unit, result: dict[str, Any]) -> None:
         """Store a grade (its texts ``bounded``); raises if it cannot be stored."""
@@ -412,10 +436,14 @@ class Failure:
 
 @dataclass
 class BatchReport:
-    graded: int  # graded and stored
+    graded: int  # graded and stored (in a dry run: graded)
     skipped: int  # already in the gradebook
     seconds: float
     failed: list[Failure] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)  # what differs from the grades replaced
+    new: int = 0  # graded with no earlier grade to compare with
+    # A dry run's grades, stored nowhere: what ``summarise`` needs of each (scores, named mistakes).
+    unstored: list[dict[str, Any]] = field(default_factory=list)
 
 
 def run(
@@ -427,6 +455,8 @@ def run(
     call_s: float | None = None,
     submission_s: float = 120.0,
     progress: Any = None,
+    dry_run: bool = False,
+    changes: list[Change] | None = None,
 ) -> BatchReport:
     """Grade ``units`` not already in ``book`` (with the same fingerprint), ``workers`` at a time.
 
@@ -438,7 +468,12 @@ def run(
     and held a gigabyte more.
 
     A student whose grading raises, or a grade the gradebook refuses, is an error row
-    (``Gradebook.put_failure``) and a ``Failure`` in the report; the other students go on."""
+    (``Gradebook.put_failure``) and a ``Failure`` in the report; the other students go on.
+
+    Each grade is compared with the one it replaces (``compare``) before that one is gone:
+    the report's ``changes``, also appended to ``changes`` as each grade is settled, so that
+    a caller interrupted midway still holds those of the grades already stored.
+    ``dry_run``: grade and compare, store nothing (``book`` may be read-only)."""
     import torch
 
     from autograder.grade import Grader
@@ -447,11 +482,11 @@ def run(
     done = {} if regrade else book.done()
     todo = [u for u in units if done.get((u.student, u.stage)) != u.fingerprint]
     t0 = time.monotonic()
+    report = BatchReport(0, len(units) - len(todo), 0.0, changes=[] if changes is None else changes)
     if progress is not None:
         progress(0, len(todo))
     if not todo:
-        return BatchReport(0, len(units), 0.0)
-    failed: list[Failure] = []
+        return report
     threads = torch.get_num_threads()
     # The cores are the workers' (and their children's): torch's own thread pool in this
     # process would oversubscribe them (two threads on two busy cores made comparisons 25x slower).
@@ -474,13 +509,10 @@ def run(
                     if error is not None:
                         traceback.print_exception(error, file=sys.stderr)  # for the TA: our fault
                         for unit in group:
-                            _failed(book, grader, unit, error, failed, storing=False)
+                            _settle(book, grader, unit, None, error, report, dry_run)
                     else:
                         for unit, result in future.result():
-                            try:
-                                book.put(unit, result)  # one transaction per grade, in this thread only
-                            except Exception as exc:
-                                _failed(book, grader, unit, exc, failed, storing=True)
+                            _settle(book, grader, unit, result, None, report, dry_run)
                     n += len(group)
                     if progress is not None:
                         progress(n, len(todo))
@@ -490,14 +522,53 @@ def run(
                 pool.shutdown(wait=True, cancel_futures=True)
     finally:
         torch.set_num_threads(threads)
-    return BatchReport(len(todo) - len(failed), len(units) - len(todo), time.monotonic() - t0, failed)
+    report.graded = len(todo) - len(report.failed)
+    report.seconds = time.monotonic() - t0
+    return report
 
 
-def _failed(
-    book: Gradebook, grader: Any, unit: Unit, exc: BaseException, failed: list[Failure], *, storing: bool
+def _settle(
+    book: Gradebook,
+    grader: Any,
+    unit: Unit,
+    result: dict[str, Any] | None,
+    error: BaseException | None,
+    report: BatchReport,
+    dry_run: bool,
 ) -> None:
-    """Record that ``unit`` could not be graded (or its grade ``storing``): an error row
-    scoring 0 (its tests all there, failed, with the reason) that the next run grades again."""
+    """Store ``unit``'s grade (one transaction, in this thread only), or its error row when
+    grading raised ``error`` or storing fails, and add to ``report`` how it differs from the
+    grade it replaces, read before it is replaced."""
+    before = book.get(unit.student, unit.stage)
+    storing = error is None
+    if result is not None and not dry_run:
+        try:
+            book.put(unit, result)
+        except Exception as exc:
+            error = exc
+    if error is not None:
+        result, failure = _failed(grader, unit, error, storing=storing)
+        if not dry_run:
+            try:
+                book.put_failure(unit, result)
+            except Exception as again:  # the gradebook itself fails (a full disk): the report says so
+                why = _printable(f"{type(again).__name__}: {again}")
+                failure = dataclasses.replace(
+                    failure, reason=f"{failure.reason}; nor store its error row: {why}"
+                )
+        report.failed.append(failure)
+    assert result is not None
+    if before is None:
+        report.new += 1
+    else:
+        report.changes += compare(before, unit, result, None if error is None else failure.reason)
+    if dry_run:
+        report.unstored.append(_summary_row(unit, error is not None, result))
+
+
+def _failed(grader: Any, unit: Unit, exc: BaseException, *, storing: bool) -> tuple[dict[str, Any], Failure]:
+    """The error row of a ``unit`` that could not be graded (or its grade ``storing``):
+    scoring 0, its tests all there, failed, with the reason; the next run grades it again."""
     from autograder.grade import score_stage
 
     why = _printable(f"{type(exc).__name__}: {exc}")
@@ -512,11 +583,231 @@ def _failed(
         result = {"stage": unit.stage, "file": None, "tests": [], "notes": [note], "stdout": ""}
         result |= {"score": 0.0, "max_score": 0.0}
     reason = f"{'storing its grade' if storing else 'grading it'} failed: {why}"
-    try:
-        book.put_failure(unit, result)
-    except Exception as again:  # the gradebook itself fails (a full disk): the report says so
-        reason += f"; nor store its error row: {_printable(f'{type(again).__name__}: {again}')}"
-    failed.append(Failure(unit.student, unit.stage, reason))
+    return result, Failure(unit.student, unit.stage, reason)
+
+
+def _summary_row(unit: Unit, failed: bool, result: dict[str, Any]) -> dict[str, Any]:
+    """A grade as ``summarise`` reads a stored row, with only what it reads: a dry run keeps
+    each grade in memory until the end, and a class's full grades could be gigabytes."""
+    kept = {"tests": [{"misconceptions": t["misconceptions"]} for t in result["tests"]]}
+    return {
+        "student": unit.student,
+        "stage": unit.stage,
+        "fingerprint": (FAILED if failed else "") + unit.fingerprint,
+        "score": result["score"],
+        "max_score": result["max_score"],
+        "result": json.dumps(kept),
+    }
+
+
+# -- what a regrade changes ------------------------------------------------------------------
+
+ERROR = "error"  # a score that is none: the grade is an error row
+
+
+@dataclass(frozen=True)
+class Change:
+    """One test of one student whose score differs from the gradebook's previous grade, or,
+    where either grade is an error row, that student's whole stage (``function`` empty).
+
+    For instructors: ``why`` and ``failing`` name hidden cases."""
+
+    student: str
+    stage: str
+    function: str
+    group: str
+    old: float | str | None  # the score; ERROR for an error row; None: no such test before
+    old_max: float | None
+    new: float | str | None
+    new_max: float | None
+    why: str
+    failing: tuple[str, ...] = ()  # labels of the cases that fail now and did not before
+
+    @property
+    def test(self) -> str:
+        return f"{self.function} · {self.group}" if self.function else "(the whole stage)"
+
+    @property
+    def delta(self) -> float | None:
+        """Points gained (negative: lost); None where either side is an error row, whose 0
+        is no grade. A test added or removed moves all of its score."""
+        if ERROR in (self.old, self.new):
+            return None
+        return round(float(self.new or 0.0) - float(self.old or 0.0), 4)
+
+
+def compare(before: dict[str, Any], unit: Unit, result: dict[str, Any], failure: str | None) -> list[Change]:
+    """How ``result``, ``unit``'s grade now (an error row when ``failure`` says why),
+    differs from ``before``, the gradebook's row it replaces: one ``Change`` per test whose
+    score or points differ, matched by (function, group); nothing when no score moved."""
+    old = json.loads(before["result"])
+    was_error = before["fingerprint"].startswith(FAILED)
+    edited = before["fingerprint"].removeprefix(FAILED) != unit.fingerprint
+    also = ["the student's files changed since"] if edited else []
+
+    def whole(old_: Any, old_max: Any, new: Any, new_max: Any, why: str) -> list[Change]:
+        return [
+            Change(unit.student, unit.stage, "", "", old_, old_max, new, new_max, "; ".join([why, *also]))
+        ]
+
+    if was_error and failure is not None:
+        return []  # no grade before, none now
+    if was_error:
+        why = "the previous grade was an error row (the grader's fault, no grade): graded now"
+        return whole(ERROR, None, result["score"], result["max_score"], why)
+    if failure is not None:
+        why = f"the grader failed on it now, an error row (no grade): {failure}"
+        return whole(before["score"], before["max_score"], ERROR, None, why)
+    olds = {(t["function"], t["group"]): t for t in old["tests"]}
+    news = {(t["function"], t["group"]): t for t in result["tests"]}
+    changes = []
+    for key in [*news, *(k for k in olds if k not in news)]:
+        o, n = olds.get(key), news.get(key)
+        if o is not None and n is not None and _same(o, n):
+            continue
+        why, failing = _why(o, n)
+        changes.append(
+            Change(
+                unit.student,
+                unit.stage,
+                *key,
+                None if o is None else o["score"],
+                None if o is None else o["max_score"],
+                None if n is None else n["score"],
+                None if n is None else n["max_score"],
+                "; ".join([why, *also]),
+                failing,
+            )
+        )
+    return changes
+
+
+def _same(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    # scores are rounded to 4 places (grade.score_stage): a smaller difference is noise
+    return abs(old["score"] - new["score"]) < 1e-6 and abs(old["max_score"] - new["max_score"]) < 1e-6
+
+
+def _why(old: dict[str, Any] | None, new: dict[str, Any] | None) -> tuple[str, tuple[str, ...]]:
+    """Why a test's score moved, in words, and the labels of its cases that fail now and did not."""
+    if new is None:
+        return "test removed", ()
+    kind = "hidden " if new.get("hidden") else ""
+    group = f"in group {new['group']!r}"
+    now = {c["label"]: c["passed"] for c in new["cases"]}
+    if old is None:
+        failing = tuple(label for label, passed in now.items() if not passed)
+        said = f": fails {kind}{_cases(failing)}" if failing else ""
+        return f"test added, worth {_points(new['max_score'])}, {group}{said}", failing
+    was = {c["label"]: c["passed"] for c in old["cases"]}
+    added_failing = [label for label, passed in now.items() if not passed and label not in was]
+    now_failing = [label for label, passed in now.items() if not passed and was.get(label) is True]
+    added_passing = [label for label, passed in now.items() if passed and label not in was]
+    now_passing = [label for label, passed in now.items() if passed and was.get(label) is False]
+    removed = [label for label in was if label not in now]
+    parts = []
+    if added_failing:
+        parts.append(f"new {kind}{_cases(added_failing)} {group} {_verb(added_failing, 'fail', 'fails')}")
+    if now_failing:
+        parts.append(f"{_cases(now_failing)} {group} now {_verb(now_failing, 'fail', 'fails')}")
+    if added_passing:
+        parts.append(f"new {_cases(added_passing)} {group} {_verb(added_passing, 'pass', 'passes')}")
+    if now_passing:
+        parts.append(f"{_cases(now_passing)} {group} now {_verb(now_passing, 'pass', 'passes')}")
+    if removed:
+        parts.append(f"{_cases(removed)} {group} removed")
+    if abs(old["max_score"] - new["max_score"]) >= 1e-6:
+        parts.append(f"worth {_points(old['max_score'])}, now {_points(new['max_score'])}")
+    gained = [m for m in new["misconceptions"] if m not in old["misconceptions"]]
+    lost = [m for m in old["misconceptions"] if m not in new["misconceptions"]]
+    if gained:
+        parts.append(f"named mistake{'s' * (len(gained) > 1)} now {', '.join(gained)}")
+    if lost:
+        parts.append(f"no longer named {', '.join(lost)}")
+    if not parts:  # e.g. a forbidden call in another test of the function costs this one too
+        parts.append("the same cases pass, scored differently")
+    return "; ".join(parts), (*added_failing, *now_failing)
+
+
+def _cases(labels: Sequence[str]) -> str:
+    return f"case{'s' * (len(labels) != 1)} {_names(list(labels))}"
+
+
+def _verb(items: Sequence[object], many: str, one: str) -> str:
+    return one if len(items) == 1 else many
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
+def _points(points: float) -> str:
+    return f"{points:g} point{'s' * (points != 1)}"
+
+
+def changes_summary(changes: list[Change], new: int) -> str:
+    """One line: how many students and tests changed, and the points they moved."""
+    if not changes:
+        line = "no grade changed since the gradebook's previous grades"
+    else:
+        gained = round(sum(d for c in changes if (d := c.delta) is not None and d > 0), 4)
+        lost = round(-sum(d for c in changes if (d := c.delta) is not None and d < 0), 4)
+        line = f"{_count(len({c.student for c in changes}), 'student')} changed"
+        if tests := sum(1 for c in changes if c.function):
+            line += f", {_count(tests, 'test')}"
+        line += f": {gained:g} points gained, {lost:g} lost (net {gained - lost:+g})"
+    if fixed := sum(c.old == ERROR for c in changes):
+        line += f"; {_count(fixed, 'error row')} graded now"
+    if broken := sum(c.new == ERROR for c in changes):
+        rows = "an error row" if broken == 1 else "error rows"
+        line += f"; {_count(broken, 'grade')} now {rows} (the grader failed)"
+    if new:
+        line += f"; {_count(new, 'grade')} with no previous grade (not compared)"
+    return line
+
+
+CHANGE_COLUMNS = (
+    "student",
+    "stage",
+    "function",
+    "group",
+    "old_score",
+    "old_max",
+    "new_score",
+    "new_max",
+    "change",
+    "why",
+    "cases_now_failing",
+)
+
+
+def write_changes_csv(changes: list[Change], path: Path) -> None:
+    """One row per changed student × test (``CHANGE_COLUMNS``); a score that is an error row
+    reads ``error``, a test that was not there is empty. For instructors: it names hidden cases."""
+    import csv
+
+    def number(value: float | str | None) -> float | str:
+        return "" if value is None else value
+
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(CHANGE_COLUMNS)
+        for c in changes:
+            delta = c.delta
+            w.writerow(
+                [
+                    _cell(c.student),
+                    c.stage,
+                    _cell(c.function),
+                    _cell(c.group),
+                    number(c.old),
+                    number(c.old_max),
+                    number(c.new),
+                    number(c.new_max),
+                    "" if delta is None else delta,
+                    _cell(c.why),
+                    _cell("; ".join(c.failing)),
+                ]
+            )
 
 
 def _by_student(units: Iterable[Unit]) -> list[list[Unit]]:

@@ -141,7 +141,29 @@ def batch(
     workers: Annotated[
         int | None, typer.Option(help="Parallel graders; default: this machine's cores.")
     ] = None,
-    regrade: Annotated[bool, typer.Option(help="Grade again what the gradebook already holds.")] = False,
+    regrade: Annotated[
+        bool,
+        typer.Option(
+            help="Grade again what the gradebook already holds, and show what changed since "
+            "(per student and test: old and new score, and why)."
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Grade and show what would change since the gradebook's grades, writing nothing "
+            "to it: with --regrade, what new hidden cases or points would change, to announce first.",
+        ),
+    ] = False,
+    diff_csv: Annotated[
+        Path | None,
+        typer.Option(
+            "--diff-csv",
+            help="Write what changed since the gradebook's previous grades as CSV, one row per "
+            "student x test. For instructors only: it names hidden cases.",
+        ),
+    ] = None,
     shard: Annotated[
         str | None, typer.Option(help="K/N: grade only the K-th of N slices of the students (job arrays).")
     ] = None,
@@ -151,10 +173,14 @@ def batch(
     submission_timeout: Annotated[float, typer.Option(help="Seconds for one student's stage.")] = 120.0,
 ) -> None:
     """Grade every student x stage of CLASS_DIR into a resumable gradebook: a killed batch,
-    run again, grades only what is missing (or whose code changed). Exit 1 when a student
-    folder was left out or a grade could not be computed or stored (said at the end)."""
+    run again, grades only what is missing (or whose code changed). With --regrade or
+    --dry-run, show per student and test what changed since the gradebook's previous grade
+    (for instructors: it names hidden cases).
+    Exit 1 when a student folder was left out or a grade could not be computed or stored
+    (said at the end)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     from rich.table import Table
+    from rich.text import Text
 
     from autograder import batch as b
     from autograder.stages import stage_ids
@@ -166,6 +192,9 @@ def batch(
         if s not in stage_ids():
             err.print(f"error: unknown stage {s!r}; known stages: {', '.join(stage_ids())}")
             raise typer.Exit(2)
+    if dry_run and csv is not None:
+        err.print("error: --csv exports the gradebook, which --dry-run leaves as it is; use --diff-csv")
+        raise typer.Exit(2)
     sliced = _shard(shard)
     if db is None:
         db = Path("bertlab-gradebook" + (f".shard-{sliced[0]}-of-{sliced[1]}" if sliced else "") + ".sqlite")
@@ -178,11 +207,40 @@ def batch(
     _warn_if_exposed()
     students = len({u.student for u in units})
     console.print(f"{students} students, {len(units)} student×stage grades; gradebook {db}")
+    if dry_run:
+        console.print(f"dry run: nothing is written to {db}")
     # Names and reasons are the students' text: never rich markup, never a raw control character.
     for line in skipped:
         err.print(f"not graded: {line}", markup=False, highlight=False)
+    changes: list[b.Change] = []
+    changes_asked = regrade or dry_run or diff_csv is not None
+
+    def show_changes(new: int) -> None:
+        """What changed since the gradebook's previous grades: a table (for the instructor,
+        who runs this: it names hidden cases), its CSV, a summary line."""
+        changes.sort(key=lambda c: (c.student, c.stage))  # stable: each grade's tests in order
+        if changes:
+            table = Table(title="changed since the gradebook's previous grade")
+            for col in ("student", "stage", "test", "old", "new", "change", "why"):
+                table.add_column(col)
+            for c in changes:
+                delta = "" if c.delta is None else f"{c.delta:+g}"
+                # Text: names are the students' text, never rich markup
+                cells = (c.student, c.stage, c.test, points(c.old, c.old_max), points(c.new, c.new_max))
+                table.add_row(*(Text(x) for x in (*cells, delta, c.why)))
+            console.print(table)
+        console.print(b.changes_summary(changes, new), markup=False, highlight=False)
+        if diff_csv is not None:
+            b.write_changes_csv(changes, diff_csv)
+            console.print(f"changes CSV (instructors only: it names hidden cases): {diff_csv}")
+
+    def points(score: float | str | None, max_score: float | None) -> str:
+        if score is None:
+            return "—"
+        return score if isinstance(score, str) else f"{score:g}/{max_score:g}"
+
     with (
-        b.Gradebook(db) as book,
+        b.Gradebook(db, read_only=dry_run) as book,
         Progress(
             TextColumn("grading"),
             BarColumn(),
@@ -210,19 +268,31 @@ def batch(
                 call_s=call_timeout,
                 submission_s=submission_timeout,
                 progress=progress,
+                dry_run=dry_run,
+                changes=changes,
             )
         except KeyboardInterrupt:  # the students in flight were finished, the rest not started
+            if dry_run:
+                err.print(f"interrupted: nothing was written to {db}")
+                raise typer.Exit(130) from None
+            if changes_asked:  # what the grades stored so far replaced is in no other record
+                show_changes(0)
             kept = len(book.done())
             err.print(f"interrupted: {db} keeps {kept} grades; run the same command again to grade the rest")
             raise typer.Exit(130) from None
         asked = {(u.student, u.stage) for u in units}
         rows = [r for r in book.rows() if (r["student"], r["stage"]) in asked]
+        if dry_run:  # the table shows the class as the gradebook would be
+            replaced = {(r["student"], r["stage"]) for r in report.unstored}
+            rows = [r for r in rows if (r["student"], r["stage"]) not in replaced] + report.unstored
         if csv is not None:
             book.export_csv(csv)
     console.print(
         f"graded {report.graded}, already in the gradebook {report.skipped}, in {report.seconds:.1f} s"
     )
-    table = Table(title="per stage")
+    if changes_asked:
+        show_changes(report.new)
+    table = Table(title="per stage, if stored (dry run)" if dry_run else "per stage")
     for col in ("stage", "students", "mean", "median", "most frequent named mistakes"):
         table.add_column(col)
     for s in b.summarise(rows):
@@ -232,9 +302,13 @@ def batch(
     if csv is not None:
         console.print(f"CSV: {csv}")
     if report.failed:
+        fate = (
+            "nothing was written (--dry-run)."
+            if dry_run
+            else "each has an error row (score 0, the reason in its notes) that the next run grades again."
+        )
         err.print(
-            f"{len(report.failed)} could not be graded or stored: each has an error row (score 0, the "
-            "reason in its notes) that the next run grades again.",
+            f"{len(report.failed)} could not be graded or stored: {fate}",
             markup=False,
             highlight=False,
         )
