@@ -1,19 +1,33 @@
 """The public self-check data of a stage: public cases' inputs, expected outputs and the
 known mistakes' outputs, as data (one safetensors file, JSON metadata). Never hidden
-cases, never the reference code."""
+cases, never the reference code.
+
+Expected and mistaken outputs are computed here, and their last bits depend on the CPU:
+torch picks AVX-512, AVX2 or plain kernels (``ATEN_CPU_CAPABILITY``), oneDNN, MKL and
+numpy's OpenBLAS each pick their own. So "the data is up to date" means: the inputs, every
+integer and boolean, every key, dtype and shape and the metadata are the same bytes, and
+the float outputs agree within the tolerance the grader applies to that very case
+(:func:`differences`).
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import safetensors
 import safetensors.torch
 import torch
 
+from autograder.compare import matches
 from autograder.grade import StagePlan
-from autograder.spec import StageSpec
+from autograder.spec import StageSpec, Tolerance
 
 FORMAT = 1
+Data = tuple[dict[str, torch.Tensor], dict[str, str]]
+# e{case}.{output} expected values, v{case}.{variant}.{output} a known mistake's outputs
+_OUTPUT_KEY = re.compile(r"^(?:e(\d+)|v(\d+)\.\d+)\.(\d+)$")
 
 
 def selfcheck_file(stage: str) -> str:
@@ -81,12 +95,99 @@ def encode(spec: StageSpec) -> bytes:
     return safetensors.torch.save(tensors, metadata=meta)
 
 
+def read(path: Path) -> Data:
+    """(tensors, metadata) of a self-check file, as :func:`build` returns them."""
+    with safetensors.safe_open(str(path), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def differences(have: Data, want: Data) -> list[str]:
+    """What a student could notice between two versions of a stage's self-check data, one
+    line each; [] when they are the same data. Float expected and mistaken outputs may
+    differ within their case's tolerance (rtol/atol as stored for that case, the grader's
+    own), inside the graded region; everything else must be the same bits."""
+    (tensors, meta), (want_tensors, want_meta) = have, want
+    out = []
+    if meta != want_meta:
+        out += _meta_differences(meta, want_meta)
+    for key in sorted(tensors.keys() - want_tensors.keys()):
+        out.append(f"{key}: not expected")
+    for key in sorted(want_tensors.keys() - tensors.keys()):
+        out.append(f"{key}: missing")
+    try:
+        cases = {c["index"]: c for c in json.loads(want_meta["bertlab"])["cases"]}
+    except (KeyError, TypeError, ValueError):
+        cases = {}
+    for key in sorted(tensors.keys() & want_tensors.keys()):
+        got, expected = tensors[key], want_tensors[key]
+        if got.dtype != expected.dtype or got.shape != expected.shape:
+            want = f"{expected.dtype} {tuple(expected.shape)}"
+            out.append(f"{key}: {got.dtype} {tuple(got.shape)} where {want} is expected")
+            continue
+        if torch.equal(_bits(got), _bits(expected)):
+            continue
+        m = _OUTPUT_KEY.match(key)
+        case = cases.get(int(m[1] or m[2])) if m else None
+        if case is None or not expected.is_floating_point():
+            out.append(f"{key}: {expected.dtype} {tuple(expected.shape)} differs (must be the same bits)")
+            continue
+        tol = Tolerance(case["rtol"], case["atol"])
+        region = want_tensors.get(f"r{case['index']}.{m[3]}")
+        if not matches(got, expected, tol, region):
+            worst = (got.double() - expected.double()).abs().nan_to_num(nan=float("inf")).max().item()
+            out.append(
+                f"{key}: differs beyond the case's tolerance (atol={tol.atol:g}, rtol={tol.rtol:g}): "
+                f"max abs difference {worst:.3g}"
+            )
+    return out
+
+
+def _meta_differences(meta: dict[str, str], want: dict[str, str]) -> list[str]:
+    try:
+        a, b = json.loads(meta["bertlab"]), json.loads(want["bertlab"])
+    except (KeyError, TypeError, ValueError):
+        return ["metadata differs"]
+    keys = sorted(a.keys() | b.keys())
+    out = [f"metadata differs: {k}" for k in keys if k != "cases" and a.get(k) != b.get(k)]
+    if not isinstance(a.get("cases"), list) or not isinstance(b.get("cases"), list):
+        return out + ["metadata differs: cases"]
+    if len(a["cases"]) != len(b["cases"]):
+        out.append(f"metadata differs: {len(a['cases'])} cases where {len(b['cases'])} are expected")
+    else:
+        for n, (x, y) in enumerate(zip(a["cases"], b["cases"], strict=True)):
+            if x != y:
+                what = f" ({y.get('name')}/{y.get('label')})" if isinstance(y, dict) else ""
+                out.append(f"metadata differs: case {n}{what}")
+    return out or ["metadata differs"]
+
+
 def write(spec: StageSpec, directory: Path) -> Path:
+    """Write the stage's data into ``directory``; a file already there that holds the same
+    data (:func:`differences`) is kept, so regenerating on a machine with other CPU
+    kernels leaves the committed file alone instead of churning its last bits."""
     path = directory / selfcheck_file(spec.id)
-    path.write_bytes(encode(spec))
+    data = build(spec)
+    if same_data(path, data):
+        return path
+    path.write_bytes(safetensors.torch.save(data[0], metadata=data[1]))
     return path
 
 
+def same_data(path: Path, data: Data) -> bool:
+    """Does ``path`` hold ``data`` (:func:`differences`: floats within tolerance)?"""
+    if not path.is_file():
+        return False
+    try:
+        have = read(path)
+    except (safetensors.SafetensorError, OSError, ValueError):
+        return False
+    return not differences(have, data)
+
+
 def same(path: Path, spec: StageSpec) -> bool:
-    """Does ``path`` hold exactly the bytes the spec gives now?"""
-    return path.is_file() and path.read_bytes() == encode(spec)
+    """Does ``path`` hold the data the spec gives now, on this machine's CPU kernels?"""
+    return same_data(path, build(spec))
