@@ -1,14 +1,63 @@
 from __future__ import annotations
 
-import pytest
+import os
 
-from autograder.grade import Grader
-from autograder.runner import Limits
+import pytest
+from hypothesis import HealthCheck, is_hypothesis_test, settings
+
 from tests.support import CALL_S, DEVICE
+
+# Property tests must not make CI flaky. "ci" (the default, what `make test` runs) draws the
+# same examples on every run and every machine, and keeps no example database that would
+# replay one machine's failures on the next run; no limit or health check depends on timing
+# (two shared cores). "explore" (`make explore`) draws new examples each run, EXPLORE_FACTOR
+# times as many, and keeps its failures in .hypothesis/ to replay them. HYPOTHESIS_PROFILE
+# picks one. The profile is loaded here, before any test module is imported, because
+# @settings(...) copies the profile that is current when its module is imported.
+EXPLORE_FACTOR = 10
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    max_examples=100,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "explore",
+    derandomize=False,
+    max_examples=100 * EXPLORE_FACTOR,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_collection_modifyitems(items):
+    """Under "explore", a test's own @settings(max_examples=N) (its cost relative to the
+    others) runs EXPLORE_FACTOR * N examples: otherwise N would override the profile and
+    exploring would draw no more examples than CI."""
+    if settings.get_current_profile_name() != "explore":
+        return
+    scaled = set()
+    for item in items:
+        fn = getattr(item, "obj", None)
+        if fn is None or not is_hypothesis_test(fn) or id(fn) in scaled:
+            continue  # the parametrized copies of one test share its function
+        scaled.add(id(fn))
+        # where @given keeps the test's settings (hypothesis has no public setter)
+        own = fn._hypothesis_internal_use_settings
+        fn._hypothesis_internal_use_settings = settings(own, max_examples=own.max_examples * EXPLORE_FACTOR)
 
 
 @pytest.fixture(scope="module")
 def grader():
     """One grader (one fork server, expected values computed once) per test module."""
+    # imported here: a process that loads only the profiles above need not load torch
+    from autograder.grade import Grader
+    from autograder.runner import Limits
+
     with Grader(device=DEVICE, limits=Limits(call_s=CALL_S, cell_s=5.0, submission_s=60.0)) as g:
         yield g
