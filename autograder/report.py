@@ -31,11 +31,24 @@ def escape(text: str, limit: int = 4000) -> str:
     return text if len(text) <= limit else text[:limit] + "\n… (truncated)"
 
 
+def clause_of(stage: str, function: str) -> str | None:
+    """The CURRICULUM.md clause a test of ``stage``'s ``function`` checks; None for a name
+    this grader's specs do not know (a stage from elsewhere, or one renamed since)."""
+    from autograder.stages import load_spec
+
+    try:
+        return load_spec(stage).graded_name(function).clause
+    except (ImportError, KeyError, ValueError, FileNotFoundError):
+        return None
+
+
 def to_gradescope(result: SubmissionResult) -> dict[str, Any]:
     tests = []
     for stage in result.stages:
         for t in stage.tests:
             tags = [f"stage:{t.stage}", f"function:{t.function}"]
+            clause = clause_of(t.stage, t.function)
+            tags += [f"clause:{clause}"] if clause else []
             tags += [f"misconception:{m}" for m in t.misconceptions]
             tests.append(
                 {

@@ -130,6 +130,10 @@ class Graded:
     # A tolerance that depends on the case (e.g. on the size of an angle) instead of the
     # dtype's default: (case data, dtype, device) -> Tolerance.
     tolerance: Callable[[CaseData, torch.dtype, str], Tolerance] | None = None
+    # The CURRICULUM.md clause every test of this name checks ("01.softmax"): the results
+    # tag their tests with it, and tests/test_curriculum.py holds the two files together.
+    # None only for a stage defined outside bertlab's own (a toy under tests/).
+    clause: str | None = None
 
     def returns_per_output(self) -> tuple[str, ...]:
         if isinstance(self.returns, str):
@@ -170,6 +174,8 @@ class StageSpec:
             groups = [t.group for t in g.tests]
             if len(set(groups)) != len(groups):
                 raise ValueError(f"{self.id}.{g.name}: test groups repeat: {groups}")
+            if g.clause is not None and not g.clause.startswith(f"{self.id[:2]}."):
+                raise ValueError(f"{self.id}.{g.name}: clause {g.clause!r} is not one of this stage's")
 
     @property
     def number(self) -> int:

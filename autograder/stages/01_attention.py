@@ -64,6 +64,7 @@ def _softmax_cases(specs: list[tuple[tuple[int, ...], int | None, float]]) -> tu
 
 SOFTMAX = Graded(
     name="softmax",
+    clause="01.softmax",
     task=1,
     signature="softmax(x, dim=-1)",
     outputs=("y",),
@@ -214,6 +215,7 @@ def _graded_rows(data: CaseData) -> tuple[Tensor | None, Tensor | None]:
 
 ATTENTION = Graded(
     name="scaled_dot_product_attention",
+    clause="01.scaled_dot_product_attention",
     task=2,
     signature="scaled_dot_product_attention(q, k, v, mask=None) -> (out, weights)",
     outputs=("out", "weights"),
@@ -299,6 +301,7 @@ def _lengths(values: list[int] | None, b: int, max_len: int):
 
 PADDING_MASK = Graded(
     name="padding_mask",
+    clause="01.padding_mask",
     task=3,
     signature="padding_mask(lengths, max_len) -> BoolTensor (B, 1, 1, max_len)",
     outputs=("mask",),
@@ -330,6 +333,7 @@ PADDING_MASK = Graded(
 
 CAUSAL_MASK = Graded(
     name="causal_mask",
+    clause="01.causal_mask",
     task=3,
     signature="causal_mask(L) -> BoolTensor (L, L)",
     outputs=("mask",),

@@ -53,6 +53,7 @@ def _heads(b: int, h: int, length: int, d_k: int):
 
 SPLIT_HEADS = Graded(
     name="split_heads",
+    clause="02.split_heads",
     task=1,
     signature="split_heads(x, num_heads) -> (B, h, L, d_model // h)",
     outputs=("heads",),
@@ -85,6 +86,7 @@ SPLIT_HEADS = Graded(
 
 MERGE_HEADS = Graded(
     name="merge_heads",
+    clause="02.merge_heads",
     task=1,
     signature="merge_heads(x) -> (B, L, h * d_k)",
     outputs=("merged",),
@@ -229,6 +231,7 @@ def _mha(
 
 MULTI_HEAD_ATTENTION = Graded(
     name="MultiHeadAttention",
+    clause="02.MultiHeadAttention",
     task=2,
     kind="module",
     signature="MultiHeadAttention(d_model, num_heads, bias=True) with sub-modules w_q, w_k, w_v, w_o; "

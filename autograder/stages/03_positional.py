@@ -175,6 +175,7 @@ def _shift_cases(*sizes: tuple[int, int]) -> tuple[Case, ...]:
 
 ENCODING = Graded(
     name="sinusoidal_positional_encoding",
+    clause="03.sinusoidal_positional_encoding",
     task=1,
     signature="sinusoidal_positional_encoding(max_len, d_model) -> (max_len, d_model)",
     outputs=("pe",),
@@ -222,6 +223,7 @@ ENCODING = Graded(
 
 SHIFT = Graded(
     name="relative_shift_matrix",
+    clause="03.relative_shift_matrix",
     task=2,
     signature="relative_shift_matrix(d_model, k) -> (d_model, d_model)",
     outputs=("m",),

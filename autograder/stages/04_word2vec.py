@@ -45,6 +45,7 @@ def _sigmoid_case(*shape: int, scale: float, extremes: bool = False):
 
 SIGMOID = Graded(
     name="sigmoid",
+    clause="04.sigmoid",
     task=1,
     signature="sigmoid(x) -> ndarray of x's shape and dtype",
     outputs=("y",),
@@ -73,8 +74,8 @@ SIGMOID = Graded(
             ),
         ),
         Test(
-            "float32 keeps its dtype",
-            torch.float32,
+            "float64, three dimensions and extremes",
+            torch.float64,
             points=0.5,
             cases=(
                 Case("x (2, 3, 4), |x|~5", _sigmoid_case(2, 3, 4, scale=5.0)),
@@ -128,6 +129,7 @@ def _softmax_only_row_o(center_vec, outside_idx, outside_vectors):
 
 NAIVE_SOFTMAX = Graded(
     name="naive_softmax_loss_and_gradient",
+    clause="04.naive_softmax_loss_and_gradient",
     task=2,
     signature="naive_softmax_loss_and_gradient(center_vec (d,), outside_idx, outside_vectors (V, d)) "
     "-> (loss, grad_center_vec (d,), grad_outside_vectors (V, d))",
@@ -235,6 +237,7 @@ def _neg_row_by_position(center_vec, outside_idx, outside_vectors, neg_indices):
 
 NEG_SAMPLING = Graded(
     name="neg_sampling_loss_and_gradient",
+    clause="04.neg_sampling_loss_and_gradient",
     task=3,
     signature="neg_sampling_loss_and_gradient(center_vec (d,), outside_idx, outside_vectors (V, d), "
     "neg_indices (K ints)) -> (loss, grad_center_vec (d,), grad_outside_vectors (V, d))",
@@ -342,6 +345,7 @@ def _skipgram_outside_row_only(center_idx, outside_idxs, center_vectors, outside
 
 SKIPGRAM = Graded(
     name="skipgram",
+    clause="04.skipgram",
     task=4,
     signature="skipgram(center_idx, outside_idxs, center_vectors (V, d), outside_vectors (V, d), "
     "loss_and_gradient) -> (loss, grad_center_vectors (V, d), grad_outside_vectors (V, d))",

@@ -330,6 +330,7 @@ STEP_OUTPUTS = (
 
 BATCHNORM_FORWARD = Graded(
     name="batchnorm_forward",
+    clause="05.batchnorm_forward",
     task=1,
     signature="batchnorm_forward(x, gamma, beta, bn_param) -> (out, cache)",
     outputs=STEP_OUTPUTS,
@@ -383,6 +384,7 @@ BATCHNORM_FORWARD = Graded(
 
 BATCHNORM_BACKWARD = Graded(
     name="batchnorm_backward",
+    clause="05.batchnorm_backward",
     task=2,
     signature="batchnorm_backward(dout, cache) -> (dx, dgamma, dbeta)",
     outputs=("dx", "dgamma", "dbeta"),
@@ -424,6 +426,7 @@ BATCHNORM_BACKWARD = Graded(
 
 LAYERNORM_FORWARD = Graded(
     name="layernorm_forward",
+    clause="05.layernorm_forward",
     task=3,
     signature="layernorm_forward(x, gamma, beta, eps) -> (out, cache)",
     outputs=("out",),
@@ -460,6 +463,7 @@ LAYERNORM_FORWARD = Graded(
 
 LAYERNORM_BACKWARD = Graded(
     name="layernorm_backward",
+    clause="05.layernorm_backward",
     task=4,
     signature="layernorm_backward(dout, cache) -> (dx, dgamma, dbeta)",
     outputs=("dx", "dgamma", "dbeta"),

@@ -48,6 +48,7 @@ def _gelu_cases(specs: list[tuple[tuple[int, ...], float]]) -> tuple[Case, ...]:
 
 GELU = Graded(
     name="gelu",
+    clause="06.gelu",
     task=1,
     signature="gelu(x) = 0.5 * x * (1 + erf(x / sqrt(2)))",
     outputs=("y",),
@@ -118,6 +119,7 @@ def _ffn(b: int, length: int, d_model: int, d_ff: int):
 
 FEED_FORWARD = Graded(
     name="PositionwiseFeedForward",
+    clause="06.PositionwiseFeedForward",
     task=2,
     kind="module",
     signature="PositionwiseFeedForward(d_model, d_ff) with sub-modules linear1, linear2; "
@@ -250,6 +252,7 @@ def _layer(b: int, length: int, d_model: int, h: int, d_ff: int, *, mask: str | 
 
 ENCODER_LAYER = Graded(
     name="TransformerEncoderLayer",
+    clause="06.TransformerEncoderLayer",
     task=3,
     kind="module",
     signature="TransformerEncoderLayer(d_model, num_heads, d_ff, eps=1e-12) with sub-modules "

@@ -378,6 +378,7 @@ def _mlm_over_all_positions(
 
 MLM_PREDICTIONS = Graded(
     name="create_masked_lm_predictions",
+    clause="07.create_masked_lm_predictions",
     task=1,
     signature="create_masked_lm_predictions(tokens, vocab_words, rng, masked_lm_prob=0.15, "
     "max_predictions_per_seq=20) -> (output_tokens, masked_positions, masked_labels)",
@@ -438,6 +439,7 @@ MLM_PREDICTIONS = Graded(
 
 INSTANCES = Graded(
     name="create_instances_from_document",
+    clause="07.create_instances_from_document",
     task=2,
     signature="create_instances_from_document(all_documents, document_index, max_seq_length, "
     "short_seq_prob, masked_lm_prob, max_predictions_per_seq, vocab_words, rng) -> list[TrainingInstance]",
@@ -541,6 +543,7 @@ MASK_OUTPUTS = (
 
 MASK_TOKENS = Graded(
     name="mask_tokens",
+    clause="07.mask_tokens",
     task=3,
     signature="mask_tokens(input_ids, special_tokens_mask, vocab_size, mask_token_id, generator, "
     "mlm_probability=0.15) -> (input_ids, labels)",
@@ -583,6 +586,7 @@ MASK_TOKENS = Graded(
 
 HEADS = Graded(
     name="BertPretrainingHeads",
+    clause="07.BertPretrainingHeads",
     task=4,
     signature="BertPretrainingHeads(hidden_size, vocab_size, word_embeddings, eps=1e-12); "
     "forward(sequence_output) -> (prediction_scores, seq_relationship_scores)",
@@ -629,6 +633,7 @@ HEADS = Graded(
 
 LOSS = Graded(
     name="pretraining_loss",
+    clause="07.pretraining_loss",
     task=5,
     signature="pretraining_loss(prediction_scores, seq_relationship_scores, masked_lm_labels, "
     "next_sentence_labels) -> scalar",

@@ -43,6 +43,7 @@ def _head_cases(*shapes: tuple[int, int, int]) -> tuple[Case, ...]:
 
 SPAN_HEAD = Graded(
     name="SpanHead",
+    clause="08.SpanHead",
     task=1,
     signature="SpanHead(hidden); forward(h (B, L, hidden)) -> (start_logits (B, L), end_logits (B, L))",
     outputs=("start_logits", "end_logits"),
@@ -78,6 +79,7 @@ def _loss_case(b: int, length: int, positions: list[tuple[int, int]] | None = No
 
 SPAN_LOSS = Graded(
     name="span_loss",
+    clause="08.span_loss",
     task=2,
     signature="span_loss(start_logits, end_logits, start_positions, end_positions) -> scalar tensor",
     outputs=("loss",),
@@ -282,6 +284,7 @@ def _rows_with_context(data: CaseData) -> tuple[Tensor, Tensor]:
 
 BEST_SPAN = Graded(
     name="best_span",
+    clause="08.best_span",
     task=3,
     signature="best_span(start_logits, end_logits, context_mask, max_answer_len=30) -> (start, end)",
     outputs=("start", "end"),
@@ -406,6 +409,7 @@ def _squad_case(pairs: list):
 
 SQUAD = Graded(
     name="squad_em_f1",
+    clause="08.squad_em_f1",
     task=4,
     signature="squad_em_f1(prediction, ground_truths) -> (em, f1)",
     outputs=("(em, f1) of each pair",),

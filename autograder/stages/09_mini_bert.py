@@ -34,15 +34,11 @@ from autograder.stages import load_spec
 
 ref = reference.load("09_mini_bert")
 
-# Building BERT out of torch's or transformers' own layers is not building it: their
-# attention (F.scaled_dot_product_attention, nn.MultiheadAttention), GELU and fused
-# encoder layer all land on these operators. (Softmax is not listed: stage 01 lets
-# attention use torch.softmax, and 09 runs the student's 01.)
-FORBIDDEN = (
-    *load_spec("01_attention").graded_name("scaled_dot_product_attention").forbidden,
-    "aten::gelu",
-    "aten::_transformer_encoder_layer_fwd",
-)
+# Building BERT out of torch's own attention or encoder layer is not building it from the
+# student's parts (CURRICULUM.md, 09.BertModel). 09 runs the student's 06 layer, so it
+# forbids exactly what that layer forbids and nothing it allows: the library GELU
+# (allowed in 06's feed-forward network), softmax (allowed in 01's attention), LayerNorm.
+FORBIDDEN = load_spec("06_transformer_block").graded_name("TransformerEncoderLayer").forbidden
 
 # -- small random configurations ------------------------------------------------------------
 
@@ -214,13 +210,13 @@ def _pretrained_tolerance(data: CaseData, dtype: torch.dtype, device: str) -> To
 
 EMBEDDINGS = Graded(
     name="BertEmbeddings",
+    clause="09.BertEmbeddings",
     task=1,
     signature="BertEmbeddings(vocab_size, hidden_size, max_position_embeddings, type_vocab_size, "
     "eps=1e-12); forward(input_ids, token_type_ids=None) -> (B, L, hidden_size)",
     outputs=("embeddings",),
     reference=ref.BertEmbeddings,
     kind="module",
-    forbidden=FORBIDDEN,
     variants=(Variant("no-embedding-layernorm", _EmbeddingsWithoutLayerNorm),),
     tests=(
         Test(
@@ -247,6 +243,7 @@ EMBEDDINGS = Graded(
 
 MODEL = Graded(
     name="BertModel",
+    clause="09.BertModel",
     task=2,
     signature="BertModel(vocab_size, hidden_size, num_layers, num_heads, intermediate_size, "
     "max_position_embeddings, type_vocab_size, eps=1e-12); "
@@ -297,6 +294,7 @@ MODEL = Graded(
 
 PRETRAINED = Graded(
     name="load_pretrained",
+    clause="09.load_pretrained",
     task=3,
     signature="load_pretrained(model, weights): copies all-MiniLM-L6-v2's transformers-named "
     "weights into your BertModel",
