@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test explore lint generate bench bench-class clean
+.PHONY: demo test explore lint generate bench bench-class mutation clean
 
 # scripts/install.sh is the one list of install commands: the Gradescope autograder
 # (setup.sh) and docker/Dockerfile run it too, on requirements.txt alone.
@@ -42,6 +42,12 @@ bench: $(STAMP)
 # the floor and the self-check latency (issue 9). ARGS="--students 50 --sample 10" to shorten.
 bench-class: $(STAMP)
 	$(BIN)/python benchmarks/bench_class.py $(ARGS)
+
+# Mutation testing of the hidden cases: every stage's reference mutated (cosmic-ray and
+# mutation/operators.py), each mutant graded as a submission; reports in build/mutation/.
+# Fails while a stage scores under 97 % or a survivor is unexplained. ARGS="01_attention".
+mutation: $(STAMP)
+	$(BIN)/python -m mutation $(ARGS)
 
 clean:
 	rm -rf $(VENV) build
