@@ -540,6 +540,10 @@ def _settle(
     grading raised ``error`` or storing fails, and add to ``report`` how it differs from the
     grade it replaces, read before it is replaced."""
     before = book.get(unit.student, unit.stage)
+    if error is None and result is not None and result.get("grader_fault"):
+        # the grader failed on this stage (its message is the note): no grade to keep
+        error = RuntimeError((result.get("notes") or ["the grader failed on this stage"])[0])
+        result = None
     storing = error is None
     if result is not None and not dry_run:
         try:

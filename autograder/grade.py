@@ -241,7 +241,7 @@ def _lost_names(spec: StageSpec, source: Source, report: RunReport) -> dict[str,
     """Graded names whose defining cell raised: why a name is "not defined"."""
     lost = {}
     for g in spec.graded:
-        pattern = re.compile(rf"^\s*(def|class)\s+{re.escape(g.name)}\b", re.MULTILINE)
+        pattern = re.compile(Source.definition_pattern(g.name), re.MULTILINE)
         for i, err in sorted(report.cell_errors.items()):
             if i < len(source.cells) and pattern.search(source.cells[i][1]):
                 lost[g.name] = f"Its cell, {source.cells[i][0]}, {_cell_error(err)}."
@@ -405,7 +405,9 @@ class Grader:
                 f"the grader failed on this stage ({type(exc).__name__}: {str(exc)[:200]}). "
                 "This is a fault in the grader, not in your code: please tell your instructor."
             )
-            return score_stage(self.plan(stage), None, None, [message], failure=message)
+            result = score_stage(self.plan(stage), None, None, [message], failure=message)
+            result.grader_fault = True
+            return result
 
     def _grade_stage(self, submission: Path, stage: str) -> StageResult:
         plan = self.plan(stage)

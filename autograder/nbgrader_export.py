@@ -38,9 +38,11 @@ def export(rows: Iterable[dict[str, Any]], db_url: str) -> int:
     gradebook at ``db_url`` (e.g. ``sqlite:///gradebook.db``). Returns the grades written."""
     from nbgrader.api import Gradebook
 
+    from autograder.batch import FAILED
     from autograder.stages import load_spec
 
-    rows = list(rows)
+    # an error row is no grade (the grader failed on it): nbgrader keeps what it had
+    rows = [r for r in rows if not str(r.get("fingerprint", "")).startswith(FAILED)]
     written = 0
     # nbgrader creates a new gradebook by running the `alembic` script installed beside
     # this interpreter; find it even when the environment is not activated

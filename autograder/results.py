@@ -73,6 +73,7 @@ class StageResult:
     # and all it printed): it may carry them, so instructors only (visibility.for_students).
     private_notes: list[str] = field(default_factory=list)
     private_stdout: str = ""
+    grader_fault: bool = False  # the grader itself failed on this stage: no grade (batch retries it)
 
     @property
     def score(self) -> float:

@@ -379,3 +379,44 @@ def test_a_grade_that_cannot_be_stored_is_an_error_row_and_every_run_goes_on(fou
     assert run.returncode == 0, run.stderr
     assert "graded 1, already in the gradebook 3" in run.stdout
     assert {s: v for s, (v, _, _) in _grades(db).items()} == EXPECTED
+
+
+def test_a_stage_the_grader_fails_on_is_an_error_row_graded_again_and_not_exported(
+    four, tmp_path, monkeypatch
+):
+    """``Grader.grade_stage`` turns its own fault into a 0 "the grader failed" result: it
+    is no grade. Stored with the files' fingerprint it was never graded again; it is an
+    error row now, and nbgrader's gradebook does not receive it as a 0."""
+    from autograder import batch as b
+    from autograder.grade import Grader
+    from autograder.nbgrader_export import export
+
+    real = Grader._grade_stage
+
+    def faulty(self, submission, stage):
+        if submission.name == "mallory":
+            raise RuntimeError("a bug in the grader")
+        return real(self, submission, stage)
+
+    monkeypatch.setattr(Grader, "_grade_stage", faulty)
+    db = tmp_path / "book.sqlite"
+    with b.Gradebook(db) as book:
+        report = _run(four, book)
+        assert [(f.student, f.stage) for f in report.failed] == [("mallory", "01_attention")]
+        assert "a bug in the grader" in report.failed[0].reason
+        rows = book.rows()
+    score, fp, result = _grades(db)["mallory"]
+    assert fp.startswith(b.FAILED) and score == 0
+    monkeypatch.chdir(tmp_path)
+    export(rows, f"sqlite:///{tmp_path / 'nbgrader.db'}")
+    from nbgrader.api import Gradebook as NbGradebook
+
+    with NbGradebook(f"sqlite:///{tmp_path / 'nbgrader.db'}") as gb:
+        students = {s.id for s in gb.students}
+    assert "mallory" not in students and set(HONEST) <= students
+
+    monkeypatch.setattr(Grader, "_grade_stage", real)  # fixed: the next run grades her
+    with b.Gradebook(db) as book:
+        again = _run(four, book)
+    assert (again.graded, again.skipped, again.failed) == (1, 3, [])
+    assert {s: v for s, (v, _, _) in _grades(db).items()} == EXPECTED
