@@ -57,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
         on_stage=lambda report: write_stage(report, args.out),
     )
     write_summary(reports, args.out)
+    if args.only:
+        graded = {o.mutant.id for r in reports for o in r.outcomes}
+        missing = sorted(set(args.only) - graded)
+        if missing:
+            print(f"not generated in {', '.join(stages)}: {', '.join(missing)}", file=sys.stderr)
+            return 2
     print(summary_markdown(reports))
     print(f"reports in {args.out}/ ({time.monotonic() - t0:.0f} s in all)")
     return 1 if any(r.check() for r in reports) else 0

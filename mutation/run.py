@@ -185,6 +185,7 @@ class StageReport:
 
 
 def _write_submission(folder: Path, stage: str, source: str, deps: dict[str, str]) -> None:
+    shutil.rmtree(folder, ignore_errors=True)  # a stage named twice in one run
     folder.mkdir(parents=True)
     (folder / f"{stage}.py").write_text(source)
     for dep, text in deps.items():
@@ -239,11 +240,9 @@ def grade_stage(
     return outcomes, time.monotonic() - t0, problems
 
 
-_counter = iter(range(1 << 62))
-
-
 def _fresh(scratch: Path, name: str, stage: str, source: str, deps: dict[str, str]) -> Path:
-    folder = scratch / f"{name}-{next(_counter)}"
+    """A new submission folder: ``scratch/<stage>/<name>/`` with the stage's file and its deps."""
+    folder = scratch / stage / name
     _write_submission(folder, stage, source, deps)
     return folder
 
