@@ -28,15 +28,29 @@ def stage_markdown(r: StageReport) -> str:
     if problems:
         lines += ["**Does not pass:**", ""] + [f"- {p}" for p in problems] + [""]
     lines += [
-        _row("graded name", "mutants", "killed", "equivalent", "survived", "score"),
-        _row("---", "---:", "---:", "---:", "---:", "---:"),
+        _row("graded name", "mutants", "killed here", "killed elsewhere", "equivalent", "survived", "score"),
+        _row("---", "---:", "---:", "---:", "---:", "---:", "---:"),
     ]
     for name, row in r.by_name().items():
         graded = row["mutants"] - row["equivalent"]
-        score = f"{row['killed'] / graded:.1%}" if graded else "-"
+        killed = row["killed"] + row["killed_elsewhere"]
+        score = f"{killed / graded:.1%}" if graded else "-"
         lines.append(
-            _row(f"`{name}`", row["mutants"], row["killed"], row["equivalent"], row["survived"], score)
+            _row(
+                f"`{name}`",
+                row["mutants"],
+                row["killed"],
+                row["killed_elsewhere"],
+                row["equivalent"],
+                row["survived"],
+                score,
+            )
         )
+    lines += [
+        "",
+        "A mutant counts under every graded name whose code it changes; *killed elsewhere*: it lost",
+        "points only on another of those names.",
+    ]
     survivors = [o for o in r.outcomes if o.status == "survived"]
     lines += ["", f"## Survivors ({len(survivors)})", ""]
     if not survivors:

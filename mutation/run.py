@@ -123,15 +123,19 @@ class StageReport:
         return self.count(*KILLS) / graded if graded else 1.0
 
     def by_name(self) -> dict[str, dict[str, int]]:
+        """Per graded name, the mutants that change it: killed on this name's tests, killed
+        only on another name's (a helper two names share; a forward whose cache a backward
+        test uses), equivalent, survived."""
         table = {
-            g: {"mutants": 0, "killed": 0, "equivalent": 0, "survived": 0} for g in self.generated.graded
+            g: {"mutants": 0, "killed": 0, "killed_elsewhere": 0, "equivalent": 0, "survived": 0}
+            for g in self.generated.graded
         }
         for o in self.outcomes:
             for name in o.mutant.affects:
                 row = table[name]
                 row["mutants"] += 1
                 if o.status in KILLS:
-                    row["killed"] += 1
+                    row["killed" if name in o.lost else "killed_elsewhere"] += 1
                 elif o.status == "equivalent":
                     row["equivalent"] += 1
                 else:
