@@ -7,6 +7,8 @@ exactly the message the grader will give.
 
 from __future__ import annotations
 
+import itertools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -15,7 +17,7 @@ from torch import Tensor
 
 from autograder.compare import compare, matches
 from autograder.results import CaseResult, KeptArrays
-from autograder.spec import Tolerance
+from autograder.spec import Tolerance, tolerance_for
 
 Item = tuple[str, Tensor | None, Mapping[str, str]]  # (kind, plain tensor, facts) per output
 
@@ -24,6 +26,31 @@ KIND_NAMES = {
     "ndarray": "a numpy.ndarray",
     "scalar": "a Python/numpy number",
 }
+
+# Mistakes named in every stage, recognised from what was returned rather than from a
+# stage's variants: the right values in another order, or in another dtype. Their hints
+# are written here, once, and are trusted text like a spec's: every place that shows a
+# spec's hints (messages, hidden tests, the HTML feedback, the self-check) shows these too,
+# through ``all_hints``. A spec may not reuse these ids (tests/test_structural_mistakes.py).
+GENERIC_MISCONCEPTIONS: Mapping[str, str] = {
+    "returns-swapped": "your outputs hold the right values, in another order than the signature's: "
+    "return them in the order the task's signature lists them after `->` (e.g. `return out, weights` "
+    "for `-> (out, weights)`), and check that each variable holds what its name says.",
+    "dtype-hard-coded": "your values are right, but in another precision than expected (e.g. float32 "
+    "for float64 inputs, or the reverse): a dtype is hard-coded somewhere, such as `.float()`, "
+    "`.double()`, `torch.float32`, `dtype=torch.float64`, `np.float32`, `.astype(...)` or a detour "
+    "through numpy (float64). Keep the inputs' dtype: `torch.zeros_like(x)`, `x.new_zeros(...)`, "
+    "`dtype=x.dtype`, `.to(x.dtype)`; the grader runs your code in float32 and in float64.",
+    "dtype-wrong-kind": "your values are right, but in another kind of dtype than expected: a mask is "
+    "a bool tensor (a comparison such as `<` or `&` gives one; don't turn it into 0/1 with `.int()`, "
+    "`.long()` or `.float()`), positions and indices are integers (`argmax` gives int64; don't "
+    "convert them to float), and values computed from floats stay floating point.",
+}
+
+
+def all_hints(hints: Mapping[str, str]) -> dict[str, str]:
+    """A stage's hints and the generic ones: every id ``check_case`` may name, with its hint."""
+    return {**GENERIC_MISCONCEPTIONS, **hints}
 
 
 @dataclass(frozen=True)
@@ -148,14 +175,149 @@ def check_case(
             for g, v, r in zip(got, outs, exp.regions, strict=True)
         ):
             found.append(mid)
+    if not found:  # generic names only where none of the stage's mistakes explains the case
+        found, order = _structural(items, exp, kinds)
+        if order is not None:
+            expected = ", ".join(_output_name(o) for o in exp.outputs[: len(order)])
+            problems.append(
+                f"your outputs are the expected ones in another order: you return ({', '.join(order)}), "
+                f"expected ({expected})"
+            )
     message = "; ".join(problems)
+    every = all_hints(hints)
     for mid in found:
-        message += f"\n    likely mistake [{mid}]: {hints.get(mid, '')}"
+        message += f"\n    likely mistake [{mid}]: {every.get(mid, '')}"
     result = CaseResult(label, False, message, found)
     if keep:
         kept = (window(n, g, w, r) for n, g, w, r in wrong)
         result.arrays = tuple(k for k in kept if k is not None)
     return result
+
+
+# -- mistakes named in every stage ----------------------------------------------------------
+
+_DTYPE_IDS = {"precision": "dtype-hard-coded", "kind": "dtype-wrong-kind"}
+_NAME = re.compile(r"\s*([A-Za-z_]\w*)")
+# an output named as the signature names it, perhaps with a note: "output_tokens (as
+# vocabulary ids)"; not "out of call 1 (train)", which a driver gathered
+_OUTPUT = re.compile(r"\s*([A-Za-z_]\w*)\s*(?:\(.*\))?\s*$")
+
+
+def _category(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "bool"
+    if dtype.is_complex:
+        return "complex"
+    return "float" if dtype.is_floating_point else "int"
+
+
+def _fit(got: Tensor, want: Tensor, tol: Tolerance, region: Tensor | None, device: str) -> str | None:
+    """How ``got`` holds ``want``'s values: "same" (in its dtype too), "precision" (in
+    another dtype of the same kind: float32 for float64, int32 for int64), "kind" (0/1
+    numbers for bools, floats for integers...), or None (it does not).
+
+    Another precision is held to the tolerance of the lower of the two: float32 values of
+    a float64 result are right when they are within float32's tolerance. An integer or
+    bool result is exact: the values must survive the cast both ways (0.5 is not True)."""
+    if got.shape != want.shape:
+        return None
+    if got.dtype == want.dtype:
+        return "same" if matches(got, want, tol, region) else None
+    have, need = _category(got.dtype), _category(want.dtype)
+    if "complex" in (have, need):
+        return None
+    how = "precision" if have == need else "kind"
+    if need == "float":
+        if have == "float" and torch.finfo(got.dtype).eps > torch.finfo(want.dtype).eps:
+            lower = tolerance_for(got.dtype, device)
+            tol = Tolerance(max(tol.rtol, lower.rtol), max(tol.atol, lower.atol))
+        return how if matches(got.to(want.dtype), want, tol, region) else None
+    if have == "float" and not bool(torch.isfinite(got).all()):
+        return None  # a float NaN or inf has no integer value
+    exact = Tolerance(0.0, 0.0)
+    cast = got.to(want.dtype)
+    if not matches(cast, want, exact, region) or not matches(cast.to(got.dtype), got, exact, region):
+        return None
+    return how
+
+
+def returned_in_order(signature: str, outputs: Sequence[str]) -> int:
+    """How many leading outputs are what the signature says the call returns, in that
+    order (``-> (out, weights)``): those a student can return in another order. The other
+    outputs (a driver's statistics, the rng's next draws) are the driver's own."""
+    _, arrow, returned = signature.rpartition("->")
+    returned = returned.strip()
+    if not arrow or not returned.startswith("("):
+        return 0
+    names, depth, start = [], 0, 1
+    for i, ch in enumerate(returned):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        if (ch == "," and depth == 1) or depth == 0:
+            names.append(returned[start:i])
+            start = i + 1
+        if depth == 0:
+            break
+    count = 0
+    for part, output in zip(names, outputs, strict=False):
+        a, b = _NAME.match(part), _OUTPUT.match(output)
+        if a is None or b is None or a[1] != b[1]:
+            break
+        count += 1
+    return count
+
+
+def _structural(
+    items: Sequence[Item], exp: Expectation, kinds: Sequence[str]
+) -> tuple[list[str], tuple[str, ...] | None]:
+    """The generic mistakes (and a stage's, made in another dtype) that explain a failing
+    case no variant of the stage matches as it is; for returns-swapped, also the order in
+    which the outputs were returned, by their expected names."""
+    device = exp.device or "cpu"
+
+    def fit(i: int, j: int, values: Sequence[Tensor]) -> str | None:
+        kind, tensor, _ = items[i]
+        if kind != kinds[j] or tensor is None:
+            return None
+        return _fit(tensor, values[j], exp.tolerance, exp.regions[j], device)
+
+    def dtype_ids(fits: Sequence[str | None]) -> list[str]:
+        return [_DTYPE_IDS[f] for f in ("precision", "kind") if f in fits]
+
+    n = len(exp.outputs)
+    in_place = [fit(i, i, exp.values) for i in range(n)]
+    if all(f is not None for f in in_place):  # the right values: only dtypes differ
+        return dtype_ids(in_place), None
+    # A stage's mistake made in another dtype: both are named. Only when the values do not
+    # also fit the expected ones (above): within float32's tolerance of the reference, a
+    # variant's outputs are no evidence of its mistake.
+    stage_ids: list[str] = []
+    casts: list[str | None] = []
+    recast = any(t is not None and t.dtype != v.dtype for (_, t, _), v in zip(items, exp.values, strict=True))
+    for mid, outs in exp.variants if recast else ():  # in the same dtypes, check_case tried them
+        fits = [fit(i, i, outs) for i in range(n)]
+        if all(f is not None for f in fits) and mid not in stage_ids:
+            stage_ids.append(mid)
+            casts += fits
+    if stage_ids:
+        return stage_ids + dtype_ids(casts), None
+    k = returned_in_order(exp.signature, exp.outputs)
+    if k >= 2 and all(f is not None for f in in_place[k:]):
+        pairs = {(i, j): in_place[i] if i == j else fit(i, j, exp.values) for i in range(k) for j in range(k)}
+        for perm in itertools.permutations(range(k)):
+            fits = [pairs[i, perm[i]] for i in range(k)]
+            if perm != tuple(range(k)) and all(f is not None for f in fits):
+                order = tuple(_output_name(exp.outputs[j]) for j in perm)
+                return ["returns-swapped", *dtype_ids(fits + in_place[k:])], order
+    return dtype_ids(in_place), None
+
+
+def _output_name(output: str) -> str:
+    """``output_tokens`` for "output_tokens (as vocabulary ids)"."""
+    m = _NAME.match(output)
+    return m[1] if m else output
 
 
 def _bounds(centre: int, size: int, side: int) -> tuple[int, int]:

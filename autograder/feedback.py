@@ -204,12 +204,15 @@ def _anchor(stage: str) -> str:
 
 
 def _hints(stage: str) -> Mapping[str, str]:
+    """The spec's hints and those of the mistakes named in every stage (a hidden test's
+    cases carry no hint in their messages)."""
+    from autograder.check import all_hints
     from autograder.stages import load_spec
 
     try:
-        return load_spec(stage).misconceptions
+        return all_hints(load_spec(stage).misconceptions)
     except (ImportError, KeyError, ValueError):  # an unknown stage id: its cases carry the hints
-        return {}
+        return all_hints({})
 
 
 def _split(message: str) -> tuple[str, dict[str, str]]:

@@ -25,7 +25,7 @@ import safetensors
 import torch
 
 from autograder import wire
-from autograder.check import Expectation, check_case
+from autograder.check import Expectation, all_hints, check_case
 from autograder.harness import run_call
 from autograder.results import CaseResult
 from autograder.spec import Tolerance
@@ -183,5 +183,6 @@ def check(
         g["signature"],
         [GroupReport(k, v) for k, v in groups.items()],
         g["hidden_groups"],
-        meta["misconceptions"],
+        # the generic mistakes' hints come with this runtime, not with the stage's data
+        all_hints(meta["misconceptions"]),
     )

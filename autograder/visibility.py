@@ -8,7 +8,8 @@ for students all render ``for_students(result)``, never the result itself. The r
   gives the child the hidden inputs only after every public call has its outcome), so
   nothing in it can carry one.
 - A **hidden** test shows its score, how many of its cases passed, and the named mistakes
-  with their hints (trusted text from the stage spec). Not its cases' labels or shapes, not
+  with their hints (trusted text: the stage spec's, or ours for the mistakes named in every
+  stage, ``check.GENERIC_MISCONCEPTIONS``). Not its cases' labels or shapes, not
   an error message, not a value: they are derived from hidden inputs or expected values, or
   were written by code that held hidden inputs.
 - What the code printed, its notes and its cells' errors are shown only from before it
@@ -47,16 +48,19 @@ def hidden_summary(t: TestResult, hints: Mapping[str, str]) -> str:
 
 
 def _hints(stage: str) -> Mapping[str, str]:
+    """The hints a hidden test may show: the stage spec's, and the mistakes named in every
+    stage (``check.GENERIC_MISCONCEPTIONS``), whose text is ours as much as a spec's is."""
+    from autograder.check import all_hints
     from autograder.stages import load_spec
 
     try:
-        return load_spec(stage).misconceptions
-    except (ImportError, KeyError, ValueError, FileNotFoundError):  # not a stage of ours: no hints
-        return {}
+        return all_hints(load_spec(stage).misconceptions)
+    except (ImportError, KeyError, ValueError, FileNotFoundError):  # not a stage of ours
+        return all_hints({})
 
 
 def _hidden_test(t: TestResult, hints: Mapping[str, str]) -> TestResult:
-    known = [m for m in t.misconceptions if m in hints]  # only ids the spec names
+    known = [m for m in t.misconceptions if m in hints]  # only ids with trusted hints
     t = dataclasses.replace(t, misconceptions=known)
     cases = [
         CaseResult(
