@@ -40,7 +40,7 @@ GENERIC_MISCONCEPTIONS: Mapping[str, str] = {
     "for float64 inputs, or the reverse): a dtype is hard-coded somewhere, such as `.float()`, "
     "`.double()`, `torch.float32`, `dtype=torch.float64`, `np.float32`, `.astype(...)` or a detour "
     "through numpy (float64). Keep the inputs' dtype: `torch.zeros_like(x)`, `x.new_zeros(...)`, "
-    "`dtype=x.dtype`, `.to(x.dtype)`; the grader runs your code in float32 and in float64.",
+    "`dtype=x.dtype`, `.to(x.dtype)`: the grader runs your code in every dtype your stage lists.",
     "dtype-wrong-kind": "your values are right, but in another kind of dtype than expected: a mask is "
     "a bool tensor (a comparison such as `<` or `&` gives one; don't turn it into 0/1 with `.int()`, "
     "`.long()` or `.float()`), positions and indices are integers (`argmax` gives int64; don't "

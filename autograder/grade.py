@@ -335,6 +335,7 @@ def score_stage(
                     cases=results,
                     misconceptions=mistakes,
                     output=_test_output(test, results, score, failure or forbidden.get(graded.name)),
+                    remarks=[r for r in (failure or forbidden.get(graded.name),) if r],
                 )
             )
     return StageResult(spec.id, file, tests, notes, stdout, list(private_notes or ()), private_stdout)
@@ -515,3 +516,4 @@ class Grader:
                 for t in r.tests:
                     if t.score < t.max_score:
                         t.output += "\n" + note
+                        t.remarks.append(note)

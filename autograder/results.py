@@ -52,6 +52,10 @@ class TestResult:
     cases: list[CaseResult]
     misconceptions: list[str]  # ids named on any failing case
     output: str  # student-facing text
+    # what the grader itself says of the whole test (a file it could not load, a forbidden
+    # call a public case made, an earlier stage to fix first): never derived from a hidden
+    # case, so shown with hidden tests too
+    remarks: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:

@@ -41,6 +41,7 @@ def hidden_summary(t: TestResult, hints: Mapping[str, str]) -> str:
     """The whole student-facing text of a hidden test."""
     passed = sum(c.passed for c in t.cases)
     lines = [f"{passed}/{len(t.cases)} hidden cases passed; {t.score:g}/{t.max_score:g} points."]
+    lines += t.remarks
     if not t.passed:
         lines += [f"likely mistake [{m}]: {hints.get(m, '')}" for m in t.misconceptions]
         lines.append(HIDDEN_NOTE.format(function=t.function))
