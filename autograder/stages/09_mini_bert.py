@@ -77,27 +77,71 @@ def _batch(g: torch.Generator, b: int, length: int, vocab: int, padded: bool, ty
     return input_ids, token_type_ids, attention_mask
 
 
-def _embeddings_case(b: int, length: int, types: bool):
+def _constant_sum(state: dict[str, Tensor], prefix: str, input_ids: Tensor, token_type_ids: Tensor | None):
+    """Make the embeddings of the token at (0, 1) sum to 0.5 in every hidden unit: its LayerNorm
+    input has variance exactly 0, where only eps keeps 0 / sqrt(var + eps) from being NaN. The
+    position and type rows are rounded to multiples of 1/64 (they still vary), so the word row
+    0.5 - position - type, and every order of adding the three, is exact in float32 and float64."""
+    word, kind = int(input_ids[0, 1]), 0 if token_type_ids is None else int(token_type_ids[0, 1])
+    position = state[f"{prefix}position_embeddings.weight"]
+    token_type = state[f"{prefix}token_type_embeddings.weight"]
+    position[1] = torch.round(position[1] * 64) / 64
+    token_type[kind] = torch.round(token_type[kind] * 64) / 64
+    state[f"{prefix}word_embeddings.weight"][word] = 0.5 - position[1] - token_type[kind]
+
+
+def _config(keys, eps: float | None, overrides: dict) -> dict:
+    """The constructor's arguments; ``eps=None`` leaves eps out, so its default is what is graded."""
+    config = {**{k: TINY[k] for k in keys if k != "eps"}, **overrides}
+    return config if eps is None else {**config, "eps": eps}
+
+
+def _embeddings_case(
+    b: int,
+    length: int,
+    types: bool,
+    eps: float | None = TINY["eps"],
+    constant_token: bool = False,
+    omit_none: bool = False,
+):
+    """``omit_none``: no token types is ``forward(input_ids)`` (the default), not ``(input_ids, None)``.
+    ``constant_token``: see ``_constant_sum``."""
+
     def build(g, dtype):
-        config = {k: TINY[k] for k in EMBEDDING_KEYS}
+        config = _config(EMBEDDING_KEYS, eps, {})
         state = _random_state(ref.BertEmbeddings(**config), g, dtype)
         input_ids, token_type_ids, _ = _batch(g, b, length, TINY["vocab_size"], False, types)
-        return CaseData(args=(input_ids, token_type_ids), init_kwargs=config, state=state)
+        if constant_token:
+            _constant_sum(state, "", input_ids, token_type_ids)
+        args = (input_ids,) if omit_none and token_type_ids is None else (input_ids, token_type_ids)
+        return CaseData(args=args, init_kwargs=config, state=state)
 
     return build
 
 
-def _model_case(b: int, length: int, padded: bool, types: bool, **overrides: int):
+def _model_case(
+    b: int,
+    length: int,
+    padded: bool,
+    types: bool,
+    eps: float | None = TINY["eps"],
+    constant_token: bool = False,
+    omit_none: bool = False,
+    **overrides: int,
+):
+    """``omit_none``: token types or a mask that the case has none of are left out of the call
+    (the defaults), not passed as None. ``constant_token``: see ``_constant_sum``."""
+
     def build(g, dtype):
-        config = {**TINY, **overrides}
+        config = _config(tuple(TINY), eps, overrides)
         state = _random_state(ref.BertModel(**config), g, dtype)
         input_ids, token_type_ids, attention_mask = _batch(g, b, length, config["vocab_size"], padded, types)
-        return CaseData(
-            args=(input_ids,),
-            kwargs={"token_type_ids": token_type_ids, "attention_mask": attention_mask},
-            init_kwargs=config,
-            state=state,
-        )
+        if constant_token:
+            _constant_sum(state, "embeddings.", input_ids, token_type_ids)
+        kwargs = {"token_type_ids": token_type_ids, "attention_mask": attention_mask}
+        if omit_none:
+            kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        return CaseData(args=(input_ids,), kwargs=kwargs, init_kwargs=config, state=state)
 
     return build
 
@@ -234,8 +278,14 @@ EMBEDDINGS = Graded(
             torch.float64,
             points=1,
             cases=(
-                Case("B=4, L=24 (every position), token types", _embeddings_case(4, 24, True)),
-                Case("B=1, L=1", _embeddings_case(1, 1, False)),
+                Case(
+                    "B=4, L=24 (every position), token types, eps left out, a token of variance 0",
+                    _embeddings_case(4, 24, True, eps=None, constant_token=True),
+                ),
+                Case(
+                    "B=1, L=1, eps=1e-3, token types left out",
+                    _embeddings_case(1, 1, False, eps=1e-3, omit_none=True),
+                ),
             ),
         ),
     ),
@@ -278,9 +328,15 @@ MODEL = Graded(
             points=2,
             cases=(
                 Case(
-                    "B=4, L=12, 3 layers, 2 heads", _model_case(4, 12, True, True, num_layers=3, num_heads=2)
+                    "B=4, L=12, 3 layers, 2 heads, eps=1e-3",
+                    _model_case(4, 12, True, True, eps=1e-3, num_layers=3, num_heads=2),
                 ),
-                Case("B=1, L=5, 1 layer, no mask", _model_case(1, 5, False, False, num_layers=1)),
+                Case(
+                    "B=1, L=5, 1 layer, eps, token types and mask left out, a token of variance 0",
+                    _model_case(
+                        1, 5, False, False, eps=None, constant_token=True, omit_none=True, num_layers=1
+                    ),
+                ),
             ),
         ),
         Test(
