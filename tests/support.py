@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 # The device the example class and the stage tests are graded on: ``cpu`` unless a GPU run
@@ -39,6 +40,37 @@ def no_process_left(marker: str, timeout: float = 5.0) -> bool:
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     return False
+
+
+# -- a stage's cases run in this process ----------------------------------------------------
+
+
+def call_of(plan, pc):
+    """The planned call of the case ``pc`` and its decoded inputs: the calls are ordered
+    public first, and the hidden cases' inputs travel apart from the public ones."""
+    from autograder import wire
+
+    call = next(c for c in plan.calls if c.index == pc.index)
+    return call, {k: wire.decode(v, plan.inputs | plan.hidden_inputs) for k, v in call.data.items()}
+
+
+def verdicts(plan, ns: dict, name: str) -> list[tuple[Any, bool]]:
+    """``(planned case, passed)`` for every case of the graded ``name``, its call run on the
+    namespace ``ns`` here as the child runs it (same driver, same build-load-call) and checked
+    as the grader checks it. No sandbox and no forbidden-call watch: this tells programs
+    apart by their values."""
+    from autograder.check import check_case
+    from autograder.harness import run_call
+
+    out = []
+    for pc in plan.cases:
+        if pc.graded.name == name:
+            call, data = call_of(plan, pc)
+            status, info, items = run_call(
+                ns, call.name, call.kind, data, call.outputs, (), plan.device, call.driver
+            )
+            out.append((pc, check_case(pc.label, status, info, items, pc.expectation, {}).passed))
+    return out
 
 
 # -- notebooks, results files, the CLI, work shared between xdist workers ------------------

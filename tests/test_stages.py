@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
+
+import numpy as np
 import pytest
 import torch
 
 from autograder.check import check_case
 from autograder.grade import StagePlan
 from autograder.notebooks import generate_stage
+from autograder.spec import build_case
 from autograder.stages import all_specs, stage_ids
 from tests.support import ROOT
 
@@ -84,6 +88,47 @@ def test_every_name_has_public_and_hidden_cases_in_both_float_dtypes(stage):
             assert floats == {torch.float32, torch.float64}, g.name
         elif floats:  # a numpy stage works in float64 (CURRICULUM.md, 04_word2vec)
             assert torch.float64 in floats, g.name
+
+
+def _is_default(value, default) -> bool:
+    if isinstance(value, torch.Tensor | np.ndarray):
+        return False
+    return value is default or (type(value) is type(default) and value == default)
+
+
+@pytest.mark.parametrize("stage", stage_ids())
+def test_every_optional_parameter_is_left_out_by_a_case_and_moved_by_another(stage):
+    """A default is graded only by a call that omits it, and the parameter only by a call
+    that moves it away from its default. A driver calls the student's code by its own
+    protocol, which its stage's tests check."""
+    spec = SPECS[stage]
+    for g in spec.graded:
+        if g.kind == "driver":
+            continue
+        cases = [build_case(spec, g, t, c) for t in g.tests for c in t.cases]
+        if g.kind == "module":
+            calls = [
+                (g.reference.__init__, "init_args", "init_kwargs"),
+                (g.reference.forward, "args", "kwargs"),
+            ]
+        else:
+            calls = [(g.reference, "args", "kwargs")]
+        for fn, args_field, kwargs_field in calls:
+            params = list(inspect.signature(fn).parameters.values())[1 if g.kind == "module" else 0 :]
+            for i, p in enumerate(params):
+                if p.default is inspect.Parameter.empty:
+                    continue
+                left_out = moved = False
+                for data in cases:
+                    args, kwargs = getattr(data, args_field), getattr(data, kwargs_field)
+                    if i < len(args) and p.kind is not inspect.Parameter.KEYWORD_ONLY:
+                        moved |= not _is_default(args[i], p.default)
+                    elif p.name in kwargs:
+                        moved |= not _is_default(kwargs[p.name], p.default)
+                    else:
+                        left_out = True
+                assert left_out, f"{g.name}: no case leaves {p.name} at its default ({p.default!r})"
+                assert moved, f"{g.name}: no case passes {p.name} other than its default ({p.default!r})"
 
 
 @pytest.mark.parametrize("stage", stage_ids())

@@ -28,6 +28,13 @@ def _pair(result: Any, name: str) -> tuple[Any, Any]:
     return result[0], result[1]
 
 
+def _mode(mode: str, kwargs: dict[str, Any]) -> str:
+    """``mode``, or with ``mode_built_at_run_time`` in the case an equal string that is a new
+    object, as a mode read from a config file or a command line is: ``mode is "train"``
+    holds only for the interned literal, so a case decides between ``is`` and ``==``."""
+    return mode[:1] + mode[1:] if kwargs.get("mode_built_at_run_time", False) else mode
+
+
 def _snapshot(value: Any) -> Any:
     """A copy of a tensor, so that later in-place updates do not change what was recorded."""
     return value.detach().clone() if isinstance(value, Tensor) else value
@@ -74,7 +81,7 @@ def batchnorm_train_then_eval(ns: dict[str, Any], data: dict[str, Any], device: 
     }
     outs, means, variances = [], [], []
     for step, (mode, x) in enumerate(zip(STEPS, kw["batches"], strict=True), start=1):
-        bn_param["mode"] = mode
+        bn_param["mode"] = _mode(mode, kw)
         out, _cache = _pair(forward(x, kw["gamma"], kw["beta"], bn_param), "batchnorm_forward")
         outs.append(_snapshot(out))
         means.append(_statistic(bn_param, "running_mean", step))
@@ -90,7 +97,7 @@ def batchnorm_gradients(ns: dict[str, Any], data: dict[str, Any], device: str) -
     on ``dout`` and your cache: returns ``(dx, dgamma, dbeta)``."""
     kw = data["kwargs"]
     bn_param = {
-        "mode": "train",
+        "mode": _mode("train", kw),
         "eps": kw["eps"],
         "momentum": kw["momentum"],
         "running_mean": kw["running_mean"],

@@ -175,12 +175,12 @@ MHA_VARIANTS = (
 )
 
 
-def _state(g: torch.Generator, d_model: int, bias: bool, dtype: torch.dtype) -> dict[str, Tensor]:
+def _state(g: torch.Generator, d_model: int, bias: bool | None, dtype: torch.dtype) -> dict[str, Tensor]:
     """Weights of variance 1/d_model (as Xavier's), so activations and scores stay O(1)."""
     state = {}
     for name in ("w_q", "w_k", "w_v", "w_o"):
         state[f"{name}.weight"] = randn(g, d_model, d_model, dtype=dtype, scale=1 / math.sqrt(d_model))
-        if bias:
+        if bias is not False:
             state[f"{name}.bias"] = randn(g, d_model, dtype=dtype, scale=0.5)
     return state
 
@@ -193,13 +193,14 @@ def _mha(
     h: int,
     *,
     mask: str | None = None,
-    bias: bool = True,
+    bias: bool | None = True,
     same_key_value: bool = True,
 ):
     """``lk=None``: self-attention (query, key and value equal); else cross-attention from a
     memory of length lk (key = value = memory unless ``same_key_value`` is False).
     ``mask``: None, "padding" (B, 1, 1, Lk), "causal" (L, L) or "padding & causal" (B, 1, L, L).
-    Padding lengths lie in [1, Lk - 1]: every query keeps a key, so every row is graded."""
+    Padding lengths lie in [1, Lk - 1]: every query keeps a key, so every row is graded.
+    ``bias``: passed to the constructor, or None to leave its default (True) in place."""
 
     def build(g, dtype):
         state = _state(g, d_model, bias, dtype)
@@ -220,7 +221,7 @@ def _mha(
             m = pad if m is None else pad & m  # (B, 1, L, L) when combined
         return CaseData(
             init_args=(d_model, h),
-            init_kwargs={"bias": bias},
+            init_kwargs={} if bias is None else {"bias": bias},
             state=state,
             args=(query, key, value),
             kwargs={} if m is None else {"mask": m},
@@ -312,7 +313,7 @@ MULTI_HEAD_ATTENTION = Graded(
             torch.float64,
             points=1,
             cases=(
-                Case("h=1, B=2, L=5, d_model=8", _mha(2, 5, None, 8, 1)),
+                Case("h=1, B=2, L=5, d_model=8, bias left at its default", _mha(2, 5, None, 8, 1, bias=None)),
                 Case("h=d_model=6, B=2, Lq=4, Lk=3", _mha(2, 4, 3, 6, 6, mask="padding")),
             ),
         ),
@@ -321,7 +322,10 @@ MULTI_HEAD_ATTENTION = Graded(
             torch.float32,
             points=1,
             cases=(
-                Case("B=2, L=10, d_model=64, h=8, padding mask", _mha(2, 10, None, 64, 8, mask="padding")),
+                Case(
+                    "B=2, L=10, d_model=64, h=8, padding mask, bias left at its default",
+                    _mha(2, 10, None, 64, 8, mask="padding", bias=None),
+                ),
             ),
         ),
     ),

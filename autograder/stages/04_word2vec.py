@@ -100,6 +100,20 @@ def _softmax_case(vocab: int, d: int, o: int | None, scale: float = 1.0):
     return build
 
 
+def _scores_case(scores: tuple[float, ...], o: int, d: int):
+    """v_c (d,) and U (len(scores), d) with u_w . v_c = scores[w] up to rounding: seeded rows
+    moved along v_c, so the scores are chosen while U stays a full matrix."""
+
+    def build(g: torch.Generator, dtype: torch.dtype) -> CaseData:
+        center_vec = _array(g, d, dtype=dtype)
+        outside_vectors = _array(g, len(scores), d, dtype=dtype)
+        target = np.asarray(scores, dtype=center_vec.dtype)
+        off = (target - outside_vectors @ center_vec) / (center_vec @ center_vec)  # (V,)
+        return CaseData(args=(center_vec, o, outside_vectors + np.outer(off, center_vec)))
+
+    return build
+
+
 def _softmax_label(vocab: int, d: int, o: int | None, scale: float = 1.0) -> str:
     s = f"V={vocab}, d={d}, " + ("outside_idx seeded" if o is None else f"outside_idx={o}")
     return s + ("" if scale == 1.0 else f", |vectors|~{scale:g}")
@@ -160,7 +174,15 @@ NAIVE_SOFTMAX = Graded(
             "float64, peaked scores",
             torch.float64,
             points=1,
-            cases=_softmax_cases([(20, 8, None, 3.0), (12, 5, 11, 4.0)]),
+            cases=(
+                *_softmax_cases([(20, 8, None, 3.0), (12, 5, 11, 4.0)]),
+                # exp(1000) overflows: only a softmax with the max taken out stays finite.
+                # o sits 4 below the max, so P(o|c) ~ 2e-2 and -log(softmax[o]) is exact too.
+                Case(
+                    "V=6, d=3, scores -1000 to 1000, outside_idx=2 (4 below the max)",
+                    _scores_case((-1000.0, 700.0, 996.0, 1000.0, 0.0, 350.0), 2, 3),
+                ),
+            ),
         ),
     ),
 )

@@ -235,8 +235,11 @@ def _bn_steps(
     eps: float,
     fresh: bool = False,
     constant_feature: bool = False,
+    mode_built_at_run_time: bool = False,
 ):
-    """Three train batches then one eval batch (autograder.drivers.normalization.STEPS)."""
+    """Three train batches then one eval batch (autograder.drivers.normalization.STEPS).
+    ``mode_built_at_run_time``: the driver passes modes equal to "train" and "eval" that are
+    not the interned literals, as modes read at run time are (`mode is "train"` fails)."""
 
     def build(g, dtype):
         batches = [_features(g, n, d, dtype, spread=0.0) for n in sizes]
@@ -255,22 +258,26 @@ def _bn_steps(
                 "running_mean": running_mean,
                 "running_var": running_var,
             }
+            | ({"mode_built_at_run_time": True} if mode_built_at_run_time else {})
         )
 
     return build
 
 
-def _bn_label(sizes, d, momentum, eps, fresh=False, constant_feature=False) -> str:
+def _bn_label(
+    sizes, d, momentum, eps, fresh=False, constant_feature=False, mode_built_at_run_time=False
+) -> str:
     s = f"N={'/'.join(map(str, sizes[:3]))} then eval N={sizes[3]}, D={d}, momentum={momentum:g}, eps={eps:g}"
     s += ", running stats 0/1" if fresh else ""
-    return s + (", feature 0 constant" if constant_feature else "")
+    s += ", feature 0 constant" if constant_feature else ""
+    return s + (", modes built at run time" if mode_built_at_run_time else "")
 
 
 def _bn_cases(*specs: dict[str, Any]) -> tuple[Case, ...]:
     return tuple(Case(_bn_label(**s), _bn_steps(**s)) for s in specs)
 
 
-def _grad_case(n: int, d: int, eps: float, batchnorm: bool):
+def _grad_case(n: int, d: int, eps: float, batchnorm: bool, mode_built_at_run_time: bool = False):
     def build(g, dtype):
         x = _features(g, n, d, dtype, spread=0.0 if batchnorm else 1.0)
         gamma, beta = _affine(g, d, dtype)
@@ -279,6 +286,8 @@ def _grad_case(n: int, d: int, eps: float, batchnorm: bool):
         if batchnorm:
             running_mean, running_var = _running(g, d, dtype, fresh=True)
             kwargs |= {"momentum": 0.1, "running_mean": running_mean, "running_var": running_var}
+        if mode_built_at_run_time:  # see _bn_steps
+            kwargs["mode_built_at_run_time"] = True
         return CaseData(kwargs=kwargs)
 
     return build
@@ -293,8 +302,14 @@ def _ln_case(n: int, d: int, eps: float):
     return build
 
 
-def _grad_cases(batchnorm: bool, *shapes: tuple[int, int, float]) -> tuple[Case, ...]:
-    return tuple(Case(f"N={n}, D={d}, eps={eps:g}", _grad_case(n, d, eps, batchnorm)) for n, d, eps in shapes)
+def _grad_cases(
+    batchnorm: bool, *shapes: tuple[int, int, float], mode_built_at_run_time: bool = False
+) -> tuple[Case, ...]:
+    suffix = ", mode built at run time" if mode_built_at_run_time else ""
+    return tuple(
+        Case(f"N={n}, D={d}, eps={eps:g}{suffix}", _grad_case(n, d, eps, batchnorm, mode_built_at_run_time))
+        for n, d, eps in shapes
+    )
 
 
 def _ln_cases(*shapes: tuple[int, int, float]) -> tuple[Case, ...]:
@@ -366,7 +381,7 @@ BATCHNORM_FORWARD = Graded(
             points=1,
             cases=_bn_cases(
                 dict(sizes=(32, 32, 32, 8), d=16, momentum=0.05, eps=1e-5, fresh=True, constant_feature=True),
-                dict(sizes=(5, 9, 3, 1), d=6, momentum=0.25, eps=1e-4),
+                dict(sizes=(5, 9, 3, 1), d=6, momentum=0.25, eps=1e-4, mode_built_at_run_time=True),
             ),
         ),
         Test(
@@ -413,7 +428,10 @@ BATCHNORM_BACKWARD = Graded(
             "float64, other shapes",
             torch.float64,
             points=1,
-            cases=_grad_cases(True, (2, 4, 1e-5), (32, 12, 0.1), (3, 1, 1e-5)),
+            cases=(
+                *_grad_cases(True, (2, 4, 1e-5), mode_built_at_run_time=True),
+                *_grad_cases(True, (32, 12, 0.1), (3, 1, 1e-5)),
+            ),
         ),
         Test(
             "float32, other shapes",

@@ -223,14 +223,31 @@ def _layer_state(g, d_model: int, d_ff: int, dtype) -> dict[str, Tensor]:
     return state
 
 
-def _layer(b: int, length: int, d_model: int, h: int, d_ff: int, *, mask: str | None = None, eps=None):
+def _layer(
+    b: int,
+    length: int,
+    d_model: int,
+    h: int,
+    d_ff: int,
+    *,
+    mask: str | None = None,
+    eps=None,
+    zero_variance_row: bool = False,
+):
     """``mask``: None, "padding" (B, 1, 1, L), "causal" (L, L) or "padding & causal" (B, 1, L, L).
     Padding lengths lie in [1, L]: every query keeps a key, so every position is graded.
-    ``eps``: None leaves the constructor's default (1e-12) in place."""
+    ``eps``: None leaves the constructor's default (1e-12) in place.
+    ``zero_variance_row``: w_o zero-initialised (as some schemes start a residual branch) and
+    x[0, 0] a zero vector, so norm1 normalises a row of variance exactly 0: eps alone keeps
+    it finite (the output is norm1's bias there)."""
 
     def build(g, dtype):
         state = _layer_state(g, d_model, d_ff, dtype)
         x = randn(g, b, length, d_model, dtype=dtype)
+        if zero_variance_row:
+            state["attention.w_o.weight"].zero_()
+            state["attention.w_o.bias"].zero_()
+            x[0, 0] = 0.0
         m = None
         if mask in ("causal", "padding & causal"):
             m = attention.causal_mask(length)  # (L, L)
@@ -291,6 +308,11 @@ ENCODER_LAYER = Graded(
                 Case(
                     "eps=1e-3, B=2, L=4, d_model=12, h=4, d_ff=24, padding mask",
                     _layer(2, 4, 12, 4, 24, mask="padding", eps=1e-3),
+                ),
+                Case(
+                    "eps left at its default, w_o = 0 and x[0, 0] = 0 (norm1 sees a row of variance 0), "
+                    "B=2, L=3, d_model=4, h=2, d_ff=8",
+                    _layer(2, 3, 4, 2, 8, zero_variance_row=True),
                 ),
             ),
         ),

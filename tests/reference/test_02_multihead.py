@@ -8,6 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference
+from autograder.grade import StagePlan
+from autograder.stages import load_spec
+from tests.support import verdicts
 
 ref = reference.load("02_multihead")
 masks = reference.load("01_attention")
@@ -147,3 +150,17 @@ def test_split_merge_round_trip(B, L, h, d_k, dtype, seed):
 def test_indivisible_d_model_is_refused():
     with pytest.raises(ValueError, match="divisible"):
         ref.MultiHeadAttention(10, 3)
+
+
+class _NoBiasByDefault(ref.MultiHeadAttention):
+    """The reference with bias=False as its default: right whenever bias is passed."""
+
+    def __init__(self, d_model: int, num_heads: int, bias: bool = False) -> None:
+        super().__init__(d_model, num_heads, bias)
+
+
+def test_a_module_without_the_default_bias_fails_the_cases_that_leave_it_out():
+    name = "MultiHeadAttention"
+    results = verdicts(StagePlan.build(load_spec("02_multihead"), "cpu"), {name: _NoBiasByDefault}, name)
+    failing = [pc.label for pc, ok in results if not ok]
+    assert failing and failing == [pc.label for pc, _ in results if "bias left at its default" in pc.label]

@@ -10,8 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference
+from autograder.grade import StagePlan
+from autograder.spec import build_case
+from autograder.stages import load_spec
+from tests.support import verdicts
 
 ref = reference.load("04_word2vec")
+SPEC = load_spec("04_word2vec")
 pytestmark = pytest.mark.stage04
 
 TOL = dict(rtol=1e-12, atol=1e-12)
@@ -192,3 +197,38 @@ def test_skipgram_with_an_empty_window_is_zero():
     C, U = np.ones((3, 2)), np.ones((3, 2))
     loss, g_C, g_U = ref.skipgram(1, [], C, U, ref.naive_softmax_loss_and_gradient)
     assert loss == 0 and not g_C.any() and not g_U.any()
+
+
+# -- [04.naive_softmax_loss_and_gradient]'s stability, as the cases decide it --------------
+
+
+def _neg_log_softmax(center_vec, outside_idx, outside_vectors, *, max_subtracted: bool):
+    """J = -log softmax(s)[o], the way most students write it; with or without the max."""
+    s = outside_vectors @ center_vec
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(s - s.max() if max_subtracted else s)
+        y_hat = e / e.sum()
+    delta = y_hat.copy()
+    delta[outside_idx] -= 1.0
+    return -np.log(y_hat[outside_idx]), outside_vectors.T @ delta, np.outer(delta, center_vec)
+
+
+def test_naive_softmax_cases_decide_stability_and_keep_p_o_given_c_above_1e_30():
+    plan = StagePlan.build(SPEC, "cpu")
+    name = "naive_softmax_loss_and_gradient"
+    for max_subtracted in (True, False):
+
+        def fn(*args, max_subtracted=max_subtracted):
+            return _neg_log_softmax(*args, max_subtracted=max_subtracted)
+
+        results = verdicts(plan, {name: fn}, name)
+        # overflow only shows on the hidden case with scores of 1e3
+        assert all(ok for pc, ok in results if not pc.test.hidden)
+        assert all(ok for _, ok in results) == max_subtracted, max_subtracted
+    graded = SPEC.graded_name(name)
+    for test in graded.tests:
+        for case in test.cases:
+            center_vec, o, outside_vectors = build_case(SPEC, graded, test, case).args
+            s = outside_vectors @ center_vec
+            log_p = s[o] - s.max() - np.log(np.exp(s - s.max()).sum())
+            assert log_p > np.log(1e-30), case.label

@@ -6,6 +6,7 @@ costs the points of the one function that makes it."""
 from __future__ import annotations
 
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -17,8 +18,9 @@ from autograder.check import check_case
 from autograder.drivers import normalization as drivers
 from autograder.grade import StagePlan
 from autograder.harness import run_call
+from autograder.spec import build_case
 from autograder.stages import load_spec
-from tests.support import write_py
+from tests.support import call_of, verdicts, write_py
 
 ref = reference.load("05_normalization")
 SPEC = load_spec("05_normalization")
@@ -324,10 +326,7 @@ def _namespace(source: str) -> dict:
 
 
 def _outputs_of(ns, pc, plan):
-    from autograder import wire
-
-    call = plan.calls[pc.index]
-    data = {k: wire.decode(v, plan.inputs) for k, v in call.data.items()}
+    call, data = call_of(plan, pc)
     return run_call(ns, call.name, call.kind, data, call.outputs, (), "cpu", call.driver)
 
 
@@ -365,6 +364,54 @@ def test_the_drivers_call_each_forward_four_times_and_feed_the_backward_its_own_
     ns = {"batchnorm_forward": lambda *a: (a[0], "mine"), "batchnorm_backward": batchnorm_backward}
     dx, _, _ = drivers.batchnorm_gradients(ns, dict(case.__dict__), "cpu")
     assert torch.equal(dx, case.kwargs["dout"])
+
+
+# A student's `mode is "train"`, true only for the interned literal (as in the notebook's own
+# calls). Compiled from text: Python warns where `is` meets a literal.
+MODE_COMPARED_WITH_IS = """
+import reference
+
+_ref = reference.load("05_normalization")
+
+
+def batchnorm_forward(x, gamma, beta, bn_param):
+    mode = "train" if bn_param["mode"] is "train" else "eval"
+    return _ref.batchnorm_forward(x, gamma, beta, {**bn_param, "mode": mode})
+
+
+batchnorm_backward = _ref.batchnorm_backward
+"""
+
+
+def test_a_mode_compared_with_is_passes_the_public_cases_and_fails_a_hidden_one(plan):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        ns = _namespace(MODE_COMPARED_WITH_IS)
+    for name in ("batchnorm_forward", "batchnorm_backward"):
+        results = verdicts(plan, ns, name)
+        assert all(ok for pc, ok in results if not pc.test.hidden), name
+        assert not all(ok for pc, ok in results if pc.test.hidden), name
+
+
+def test_a_mode_built_at_run_time_equals_the_literal_and_is_another_object():
+    seen = []
+
+    def batchnorm_forward(x, gamma, beta, bn_param):
+        seen.append(bn_param["mode"])
+        return ref.batchnorm_forward(x, gamma, beta, bn_param)
+
+    graded = SPEC.graded_name("batchnorm_forward")
+    for test in graded.tests:
+        for case in test.cases:
+            seen.clear()
+            data = build_case(SPEC, graded, test, case)
+            drivers.batchnorm_train_then_eval(
+                {"batchnorm_forward": batchnorm_forward}, dict(data.__dict__), "cpu"
+            )
+            assert seen == list(drivers.STEPS)
+            at_run_time = data.kwargs.get("mode_built_at_run_time", False)
+            assert at_run_time == ("modes built at run time" in case.label)
+            assert all((got is not lit) == at_run_time for got, lit in zip(seen, drivers.STEPS, strict=True))
 
 
 # -- forbidden calls: every alias costs the one function that makes it ----------------------
@@ -522,10 +569,7 @@ def test_each_alias_computes_the_right_values_and_the_self_check_catches_it(alia
             continue
         status, info, items = _outputs_of(ns, pc, plan)  # nothing forbidden: the values are right
         assert check_case(pc.label, status, info, items, pc.expectation, {}).passed, (alias, pc.label)
-        call = plan.calls[pc.index]
-        from autograder import wire
-
-        data = {k: wire.decode(v, plan.inputs) for k, v in call.data.items()}
+        call, data = call_of(plan, pc)
         status, info, _ = run_call(
             ns, name, call.kind, data, call.outputs, call.forbidden, "cpu", call.driver
         )

@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import reference
+from autograder.grade import StagePlan
+from autograder.stages import load_spec
+from tests.support import verdicts
 
 ref = reference.load("06_transformer_block")
 masks = reference.load("01_attention")
@@ -226,3 +229,20 @@ def test_random_shapes_match_torch(B, L, h, d_k, ff_mult, dtype, seed):
     expected = _run_torch(theirs, x, None, ~mask[:, 0, 0, :], fast=False)
     torch.testing.assert_close(out, expected, **TOL[dtype])
     assert math.isfinite(out.abs().max().item())
+
+
+class _EpsZeroByDefault(ref.TransformerEncoderLayer):
+    """The reference with eps=0 as its default: right whenever eps is passed or no row's
+    variance is 0."""
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, eps: float = 0.0) -> None:
+        super().__init__(d_model, num_heads, d_ff, eps)
+
+
+def test_a_layer_without_the_default_eps_fails_only_the_zero_variance_case():
+    name = "TransformerEncoderLayer"
+    results = verdicts(
+        StagePlan.build(load_spec("06_transformer_block"), "cpu"), {name: _EpsZeroByDefault}, name
+    )
+    failing = [pc.label for pc, ok in results if not ok]
+    assert failing and failing == [pc.label for pc, _ in results if "variance 0" in pc.label]
