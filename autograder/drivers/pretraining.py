@@ -1,13 +1,13 @@
 """Drivers of stage 07_bert_pretraining: how the grader exercises your pretraining code.
 
 The data functions work on Python lists of WordPiece strings and a ``random.Random``; the
-grader compares tensors. So these drivers build ``random.Random(seed)`` from the case, call
-your function, and turn what it returns into int64 tensors: each token becomes its index
-in the case's vocabulary (-1 for a string that is in no vocabulary), positions stay
-positions, and the state your function leaves the rng in is read as the next four
-``rng.getrandbits(63)`` draws (the same state in the grader's run and yours ⇒ the same
-draws). ``mask_tokens`` is random by design, so its driver returns statistics over many
-seeded calls and exact 0/1 checks. Nothing here computes a result.
+grader compares tensors. So these drivers build ``random.Random(seed)`` from the case (or
+set the exact state a case gives), call your function, and turn what it returns into int64
+tensors: each token becomes its index in the case's vocabulary (-1 for a string that is in
+no vocabulary), positions stay positions, and the state your function leaves the rng in is
+read as the next four ``rng.getrandbits(63)`` draws (the same state in the grader's run and
+yours ⇒ the same draws). ``mask_tokens`` is random by design, so its driver returns
+statistics over many seeded calls and exact 0/1 checks. Nothing here computes a result.
 """
 
 from __future__ import annotations
@@ -75,18 +75,28 @@ def _describe(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
+def _rng(kw: dict[str, Any]) -> random.Random:
+    """``random.Random(seed)``, or, where the case gives one, the rng in its exact state
+    (setstate's words and position: a state in which some draw lands exactly on a threshold)."""
+    rng = random.Random(kw["seed"])
+    if "rng_state" in kw:
+        rng.setstate((3, tuple(kw["rng_state"]), None))
+    return rng
+
+
 def _rng_after(rng: random.Random) -> Tensor:
     return torch.tensor([rng.getrandbits(63) for _ in range(RNG_DRAWS)], dtype=torch.int64)
 
 
 def masked_lm(ns: dict[str, Any], data: dict[str, Any], device: str) -> tuple[Tensor, ...]:
     """``create_masked_lm_predictions(tokens, vocab_words, rng[, masked_lm_prob,
-    max_predictions_per_seq])`` with ``rng = random.Random(seed)``. Returns output_tokens,
-    masked_positions and masked_labels as int64 tensors, then the rng's next draws."""
+    max_predictions_per_seq])`` with ``rng = random.Random(seed)`` (or the case's state).
+    Returns output_tokens, masked_positions and masked_labels as int64 tensors, then the
+    rng's next draws."""
     kw = data["kwargs"]
     fn = require(ns, "create_masked_lm_predictions")
     tokens = list(kw["tokens"])
-    rng = random.Random(kw["seed"])
+    rng = _rng(kw)
     result = fn(tokens, vocab_words(kw), rng, *kw.get("options", ()))
     if not isinstance(result, tuple | list) or len(result) != 3:
         raise TypeError(
@@ -109,13 +119,13 @@ INSTANCE_FIELDS = ("tokens", "segment_ids", "is_random_next", "masked_lm_positio
 def instances(ns: dict[str, Any], data: dict[str, Any], device: str) -> tuple[Tensor, ...]:
     """``create_instances_from_document(all_documents, document_index, max_seq_length,
     short_seq_prob, masked_lm_prob, max_predictions_per_seq, vocab_words, rng)`` with
-    ``rng = random.Random(seed)``: the instances' fields, concatenated over instances, as
-    int64 tensors (tokens and labels as vocabulary ids, is_random_next as 0/1), then the
-    rng's next draws. It calls your own create_masked_lm_predictions."""
+    ``rng = random.Random(seed)`` (or the case's state): the instances' fields, concatenated
+    over instances, as int64 tensors (tokens and labels as vocabulary ids, is_random_next as
+    0/1), then the rng's next draws. It calls your own create_masked_lm_predictions."""
     kw = data["kwargs"]
     fn = require(ns, "create_instances_from_document")
     documents = [[list(segment) for segment in doc] for doc in kw["all_documents"]]
-    rng = random.Random(kw["seed"])
+    rng = _rng(kw)
     result = fn(
         documents,
         kw["document_index"],
@@ -237,10 +247,10 @@ def mask_statistics(ns: dict[str, Any], data: dict[str, Any], device: str) -> tu
 
 
 def heads(ns: dict[str, Any], data: dict[str, Any], device: str) -> tuple[Tensor, ...]:
-    """``BertPretrainingHeads(H, V, word_embeddings, eps)`` on an ``nn.Embedding`` holding
-    the case's embedding matrix; the case's weights are copied into your parameters by name
-    (dense, layer_norm, bias, pooler, seq_relationship); then ``forward(sequence_output)``
-    in eval mode. Returns prediction_scores, seq_relationship_scores and 1 if
+    """``BertPretrainingHeads(H, V, word_embeddings[, eps])`` (eps where the case gives one)
+    on an ``nn.Embedding`` holding the case's embedding matrix; the case's weights are copied
+    into your parameters by name (dense, layer_norm, bias, pooler, seq_relationship); then
+    ``forward(sequence_output)`` in eval mode. Returns prediction_scores, seq_relationship_scores and 1 if
     ``decoder.weight is word_embeddings.weight`` (tied), else 0."""
     cls = require(ns, "BertPretrainingHeads")
     kw = data["kwargs"]
@@ -249,7 +259,7 @@ def heads(ns: dict[str, Any], data: dict[str, Any], device: str) -> tuple[Tensor
     embeddings = torch.nn.Embedding(vocab_size, hidden, device=device, dtype=weight.dtype)
     with torch.no_grad():
         embeddings.weight.copy_(weight)
-    module = cls(hidden, vocab_size, embeddings, kw["eps"])
+    module = cls(hidden, vocab_size, embeddings, *([kw["eps"]] if "eps" in kw else []))
     module.to(device=device, dtype=weight.dtype)
     with torch.no_grad():
         for name, value in kw["weights"].items():

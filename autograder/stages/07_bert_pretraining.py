@@ -16,8 +16,10 @@ fails a case with probability below 4e-8, a test (at most three cases) below 1.2
 from __future__ import annotations
 
 import functools
+import linecache
 import math
 import random
+import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from torch import Tensor
 
 import reference
 from autograder.drivers.bert import minilm_dir
+from autograder.drivers.pretraining import vocab_words as case_vocab
 from autograder.spec import Case, CaseData, Graded, StageSpec, Test, Tolerance, Variant, randint, randn
 
 ref = reference.load("07_bert_pretraining")
@@ -100,6 +103,82 @@ def _seed(g: torch.Generator) -> int:
     return int(torch.randint(0, 2**62, (1,), generator=g))
 
 
+# -- rng states with a draw exactly on its threshold ----------------------------------------------
+#
+# The contract's thresholds are strict (`rng.random() < 0.8`). `<=` differs only when a draw
+# equals the threshold, which a seeded rng does with probability 2^-53 per draw; but the
+# contract grades any rng state ("same rng state in"), and random() returns k / 2^53, so a
+# state can put a draw exactly on 0.8, 0.5 or a dyadic short_seq_prob. Such a case hands the
+# driver a state (setstate's) whose outputs are random.Random(seed)'s first 624 words but for
+# the two words of each landed draw.
+
+MT_WORDS = 624  # random.Random outputs temper(word) for each state word in turn, then regenerates
+
+
+def _untemper(y: int) -> int:
+    """The MT19937 state word that random.Random tempers into the output ``y``."""
+    y ^= y >> 18
+    y ^= (y << 15) & 0xEFC60000
+    x = y
+    for _ in range(4):  # each pass recovers 7 more bits of y = x ^ ((x << 7) & mask)
+        x = y ^ ((x << 7) & 0x9D2C5680)
+    y = x & 0xFFFFFFFF
+    x = y
+    for _ in range(2):  # and 11 more of y = x ^ (x >> 11)
+        x = y ^ (x >> 11)
+    return x
+
+
+def _record_draws(state: tuple, run) -> list[tuple[str, str, int, float]]:
+    """``run(rng)`` on an rng in ``state``: each rng.random() as (calling function, its source
+    line, index of its first output word, value)."""
+    rng = random.Random()
+    rng.setstate(state)
+    draws, draw = [], rng.random
+
+    def recorded() -> float:
+        caller, position = sys._getframe(1), rng.getstate()[1][-1]
+        value = draw()
+        line = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
+        draws.append((caller.f_code.co_name, line, position, value))
+        return value
+
+    rng.random = recorded  # an instance attribute: shuffle and randint still use getrandbits
+    run(rng)
+    return draws
+
+
+def landed_rng_state(seed: int, run, landings: tuple[tuple[str, str, float], ...]) -> list[int]:
+    """The state of an rng whose outputs are ``random.Random(seed)``'s, except that for each
+    (function, threshold, value) in turn, the first ``rng.random() < threshold`` draw made in
+    that function while ``run(rng)`` runs the reference is exactly ``value``. Raises when a
+    landing cannot happen (no such draw, or one past the first 624 words)."""
+    source = random.Random(seed)
+    outputs = [source.getrandbits(32) for _ in range(MT_WORDS)]
+
+    def state() -> tuple:
+        return (3, (*(_untemper(o) for o in outputs), 0), None)
+
+    def first(draws, function: str, threshold: str):
+        at = [d for d in draws if d[0] == function and f"rng.random() < {threshold}" in d[1]]
+        if not at or at[0][2] + 2 > MT_WORDS:
+            raise ValueError(f"no draw of rng.random() < {threshold} in {function} to land")
+        return at[0]
+
+    for function, threshold, value in landings:
+        k = value * 2**53  # random() = (a * 2^26 + b) / 2^53, a = word >> 5, b = next word >> 6
+        if k != int(k) or not 0 <= k < 2**53:
+            raise ValueError(f"random() never returns {value!r}")
+        position = first(_record_draws(state(), run), function, threshold)[2]
+        outputs[position] = (int(k) >> 26) << 5 | outputs[position] & 31
+        outputs[position + 1] = (int(k) & (2**26 - 1)) << 6 | outputs[position + 1] & 63
+    draws = _record_draws(state(), run)
+    for function, threshold, value in landings:
+        if first(draws, function, threshold)[3] != value:
+            raise AssertionError(f"the draw of rng.random() < {threshold} in {function} is not {value}")
+    return list(state()[1])
+
+
 # -- create_masked_lm_predictions ---------------------------------------------------------------
 
 
@@ -107,11 +186,20 @@ def _pair(a: list[str], b: list[str]) -> list[str]:
     return ["[CLS]", *a, "[SEP]", *b, "[SEP]"]
 
 
-def _mlm_synthetic(len_a: int, len_b: int, n_words: int = 50, options: tuple = ()):
+def _mlm_synthetic(len_a: int, len_b: int, n_words: int = 50, options: tuple = (), landings: tuple = ()):
+    """``landings``: draws the rng makes exactly on their threshold (``landed_rng_state``)."""
+
     def build(g, dtype):
         rng = random.Random(_seed(g))
         tokens = _pair(_segment(rng, n_words, len_a), _segment(rng, n_words, len_b))
         kwargs = {"tokens": tokens, "vocab_words": _synthetic_vocab(n_words), "seed": _seed(g)}
+        if landings:
+            vocab = kwargs["vocab_words"]
+            kwargs["rng_state"] = landed_rng_state(
+                kwargs["seed"],
+                lambda r: ref.create_masked_lm_predictions(list(tokens), vocab, r, *options),
+                landings,
+            )
         return CaseData(kwargs={**kwargs, "options": list(options)})
 
     return build
@@ -174,23 +262,40 @@ def _instances_case(
     masked_lm_prob: float = 0.15,
     max_predictions: int = 20,
     vocab=None,
+    landings: tuple = (),
 ):
-    """``documents``: a function of the generator giving the corpus (lists of WordPieces)."""
+    """``documents``: a function of the generator giving the corpus (lists of WordPieces);
+    ``landings``: draws the rng makes exactly on their threshold (``landed_rng_state``)."""
 
     def build(g, dtype):
         docs = documents(g)
-        return CaseData(
-            kwargs={
-                "all_documents": docs,
-                "document_index": document_index if document_index >= 0 else len(docs) + document_index,
-                "max_seq_length": max_seq_length,
-                "short_seq_prob": short_seq_prob,
-                "masked_lm_prob": masked_lm_prob,
-                "max_predictions_per_seq": max_predictions,
-                "vocab_words": vocab if vocab is not None else REAL_VOCAB,
-                "seed": _seed(g),
-            }
-        )
+        kwargs = {
+            "all_documents": docs,
+            "document_index": document_index if document_index >= 0 else len(docs) + document_index,
+            "max_seq_length": max_seq_length,
+            "short_seq_prob": short_seq_prob,
+            "masked_lm_prob": masked_lm_prob,
+            "max_predictions_per_seq": max_predictions,
+            "vocab_words": vocab if vocab is not None else REAL_VOCAB,
+            "seed": _seed(g),
+        }
+        if landings:
+            vocab_words = case_vocab(kwargs)
+
+            def run(rng):
+                return ref.create_instances_from_document(
+                    _as_lists(docs),
+                    kwargs["document_index"],
+                    max_seq_length,
+                    short_seq_prob,
+                    masked_lm_prob,
+                    max_predictions,
+                    vocab_words,
+                    rng,
+                )
+
+            kwargs["rng_state"] = landed_rng_state(kwargs["seed"], run, landings)
+        return CaseData(kwargs=kwargs)
 
     return build
 
@@ -201,6 +306,19 @@ def _real_corpus(g):
 
 def _synthetic(n_docs, segments, length, n_words=40):
     return lambda g: _synthetic_documents(g, n_docs, segments, length, n_words)
+
+
+def _one_word_segments(n_docs: int, segments: tuple[int, int], last: int, n_words: int = 40):
+    """``n_docs - 1`` documents of ``segments`` one-word segments, then one of ``last``: every
+    chunk and every B reaches its target length exactly, and indices pass 256 (the last small
+    int CPython caches, where ``is`` stops meaning ``==``)."""
+
+    def documents(g):
+        rng = random.Random(_seed(g))
+        sizes = [rng.randint(*segments) for _ in range(n_docs - 1)] + [last]
+        return [[_segment(rng, n_words, 1) for _ in range(size)] for size in sizes]
+
+    return documents
 
 
 # -- mask_tokens ----------------------------------------------------------------------------------
@@ -262,6 +380,29 @@ def _mask_case(
     return build
 
 
+def _two_ids_case(shape: tuple[int, int], repeats: int, mlm_probability: float):
+    """vocab_size 2: id 0 is [MASK] (and the special first column), every word is id 1. A
+    random id is then the mask id or the word itself, half of the time each; ids drawn from
+    [0, 1) (one too few) or [0, 3) (one too many) move the rates by 0.05 and 0.033, where
+    with a large vocabulary they move them by 1/V."""
+
+    def build(g, dtype):
+        ids = torch.ones(shape, dtype=torch.int64)
+        ids[:, 0] = 0
+        kwargs = {
+            "input_ids": ids,
+            "special_tokens_mask": ids == 0,
+            "vocab_size": 2,
+            "mask_token_id": 0,
+            "seed": _seed(g),
+            "repeats": repeats,
+            "mlm_probability": mlm_probability,
+        }
+        return CaseData(kwargs=kwargs)
+
+    return build
+
+
 # Per case and per mask_tokens (the student's, or the reference's), four rates deviate from
 # their means: the selection rate over n non-special tokens, and three fractions over the
 # m selected ones. Hoeffding: P(|rate - mean| > t) <= 2 exp(-2 n t^2). With each of the four
@@ -312,11 +453,17 @@ def _masks_every_selected(
 # -- heads and loss -------------------------------------------------------------------------------
 
 
-def _heads_case(b: int, length: int, hidden: int, vocab: int, eps: float = 1e-12):
+def _heads_case(
+    b: int, length: int, hidden: int, vocab: int, eps: float | None = 1e-12, dense_scale: float = 1.0
+):
+    """``eps=None``: the driver builds the heads without eps (its default). ``dense_scale`` scales
+    the dense layer: at 1e-6 the LayerNorm's input has a variance near 1e-13, where an eps of
+    1e-12 or 0 gives another result (with a variance near 1, only 1e-12 apart)."""
+
     def build(g, dtype):
         weights = {
-            "dense.weight": randn(g, hidden, hidden, dtype=dtype, scale=hidden**-0.5),
-            "dense.bias": randn(g, hidden, dtype=dtype, scale=0.1),
+            "dense.weight": randn(g, hidden, hidden, dtype=dtype, scale=dense_scale * hidden**-0.5),
+            "dense.bias": randn(g, hidden, dtype=dtype, scale=dense_scale * 0.1),
             "layer_norm.weight": 1.0 + randn(g, hidden, dtype=dtype, scale=0.2),
             "layer_norm.bias": randn(g, hidden, dtype=dtype, scale=0.1),
             "bias": randn(g, vocab, dtype=dtype, scale=0.1),
@@ -325,14 +472,12 @@ def _heads_case(b: int, length: int, hidden: int, vocab: int, eps: float = 1e-12
             "seq_relationship.weight": randn(g, 2, hidden, dtype=dtype, scale=hidden**-0.5),
             "seq_relationship.bias": randn(g, 2, dtype=dtype, scale=0.1),
         }
-        return CaseData(
-            kwargs={
-                "embedding_weight": randn(g, vocab, hidden, dtype=dtype, scale=0.5),
-                "weights": weights,
-                "sequence_output": randn(g, b, length, hidden, dtype=dtype),
-                "eps": eps,
-            }
-        )
+        kwargs = {
+            "embedding_weight": randn(g, vocab, hidden, dtype=dtype, scale=0.5),
+            "weights": weights,
+            "sequence_output": randn(g, b, length, hidden, dtype=dtype),
+        }
+        return CaseData(kwargs=kwargs if eps is None else {**kwargs, "eps": eps})
 
     return build
 
@@ -415,14 +560,38 @@ MLM_PREDICTIONS = Graded(
             torch.int64,
             points=2,
             cases=(
-                Case("1 + 1 words (one prediction)", _mlm_synthetic(1, 1)),
-                Case("60 + 60 words, the cap of 20 binds", _mlm_synthetic(60, 60)),
+                # 5 x 0.05 rounds to 0: max(1, ...) still predicts one
+                Case(
+                    "1 + 1 words, masked_lm_prob=0.05 (one prediction)", _mlm_synthetic(1, 1, options=(0.05,))
+                ),
+                # 143 x 0.15 rounds to 21: only the default cap (omitted) makes it 20
+                Case("70 + 70 words, defaults: the cap of 20 binds", _mlm_synthetic(70, 70)),
+                # 30 x 0.15 is 4.5 exactly in binary: round() gives 4 (half to even), int(x + 0.5) 5
+                Case("13 + 14 words, defaults: 4.5 predictions round to 4", _mlm_synthetic(13, 14)),
                 Case("30 + 30 words, max 5", _mlm_synthetic(30, 30, options=(0.15, 5))),
+                # the first chosen position's draws are exactly 0.8, then 0.5: a random word,
+                # where `<=` would give [MASK], or keep the token
+                Case(
+                    "10 + 10 words, an rng whose draws land on 0.8 and 0.5 exactly",
+                    _mlm_synthetic(
+                        10,
+                        10,
+                        landings=(
+                            ("create_masked_lm_predictions", "0.8", 0.8),
+                            ("create_masked_lm_predictions", "0.5", 0.5),
+                        ),
+                    ),
+                ),
                 Case(
                     "4 + 3 words, masked_lm_prob=0.9 (more than the candidates)",
                     _mlm_synthetic(4, 3, options=(0.9, 20)),
                 ),
-                Case("25 + 25 words, 3-word vocabulary", _mlm_synthetic(25, 25, n_words=3)),
+                # 7 words: randint(0, 6) draws 3 bits, a bound one higher 4, so the rng diverges at
+                # the first random word (a wrong bound of the same bit length only shows on a rare draw)
+                Case(
+                    "25 + 25 words, 2-word vocabulary (7 with the specials), masked_lm_prob=0.9, max 40",
+                    _mlm_synthetic(25, 25, n_words=2, options=(0.9, 40)),
+                ),
             ),
         ),
         Test(
@@ -499,9 +668,32 @@ INSTANCES = Graded(
                         _synthetic(5, (20, 40), (5, 30)), 1, 128, 0.0, vocab=_synthetic_vocab(40)
                     ),
                 ),
+                # randint(2, max_num_tokens) draws 6 bits for 64 and 7 for 65: a bound off by one
+                # either way draws another target length from the first draw
                 Case(
-                    "short_seq_prob=1, max_seq_length=40",
-                    _instances_case(_synthetic(5, (8, 12), (2, 8)), 0, 40, 1.0, vocab=_synthetic_vocab(40)),
+                    "short_seq_prob=1, max_seq_length=67: target lengths 2 to 64",
+                    _instances_case(_synthetic(5, (20, 30), (2, 8)), 0, 67, 1.0, vocab=_synthetic_vocab(40)),
+                ),
+                Case(
+                    "short_seq_prob=1, max_seq_length=68: target lengths 2 to 65",
+                    _instances_case(_synthetic(5, (20, 30), (2, 8)), 1, 68, 1.0, vocab=_synthetic_vocab(40)),
+                ),
+                # the first draws against short_seq_prob, of a random next sentence and of
+                # truncate_seq_pair's side are exactly their thresholds: the strict `<` says no
+                Case(
+                    "max_seq_length=24, short_seq_prob=0.5, an rng whose draws land on each threshold",
+                    _instances_case(
+                        _synthetic(4, (4, 8), (3, 9)),
+                        1,
+                        24,
+                        0.5,
+                        vocab=_synthetic_vocab(40),
+                        landings=(
+                            ("create_instances_from_document", "short_seq_prob", 0.5),
+                            ("create_instances_from_document", "0.5", 0.5),
+                            ("truncate_seq_pair", "0.5", 0.5),
+                        ),
+                    ),
                 ),
                 Case(
                     "max_seq_length=8 (truncation every time)",
@@ -525,6 +717,15 @@ INSTANCES = Graded(
                 Case(
                     "documents of one segment each",
                     _instances_case(_synthetic(8, (1, 1), (3, 20)), 4, 16, 0.1, vocab=_synthetic_vocab(40)),
+                ),
+                # CPython caches the ints up to 256, so `is` agrees with `==` below them only: 4 of
+                # the ~430 draws of another document are document 257 itself (`is not` takes it as
+                # another), and the last chunk, one segment, is cut only by i == len(document) - 1
+                Case(
+                    "258 documents of one-word segments, max_seq_length=5: pairs from document 257",
+                    _instances_case(
+                        _one_word_segments(258, (2, 4), 1200), -1, 5, 0.0, vocab=_synthetic_vocab(40)
+                    ),
                 ),
             ),
         ),
@@ -579,6 +780,10 @@ MASK_TOKENS = Graded(
                     "B=8, L=128, vocab 1000, mlm_probability=0.3, 300 calls",
                     _mask_case((8, 128), 1000, 4, 300, mlm_probability=0.3),
                 ),
+                Case(
+                    "B=16, L=64, vocab 2 (mask id 0), mlm_probability=0.5, 300 calls",
+                    _two_ids_case((16, 64), 300, mlm_probability=0.5),
+                ),
             ),
         ),
     ),
@@ -620,6 +825,10 @@ HEADS = Graded(
             cases=(
                 Case("B=1, L=1, H=4, V=7, eps=1e-5", _heads_case(1, 1, 4, 7, eps=1e-5)),
                 Case("B=4, L=9, H=32, V=100", _heads_case(4, 9, 32, 100)),
+                Case(
+                    "B=2, L=3, H=8, V=10, eps omitted, LayerNorm input of variance ~1e-13",
+                    _heads_case(2, 3, 8, 10, eps=None, dense_scale=1e-6),
+                ),
             ),
         ),
         Test(

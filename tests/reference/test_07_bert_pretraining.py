@@ -8,10 +8,12 @@ bounds hold."""
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import random
 import sys
 import types
+import warnings
 
 import pytest
 import torch
@@ -22,7 +24,7 @@ from autograder.compare import compare
 from autograder.drivers import pretraining as drivers
 from autograder.drivers.bert import minilm_dir
 from autograder.grade import run_trusted
-from autograder.spec import CaseData, build_case
+from autograder.spec import CaseData, build_case, tolerance_for
 from autograder.stages import load_spec
 
 ref = reference.load("07_bert_pretraining")
@@ -466,3 +468,130 @@ def test_heads_driver_reports_a_copied_decoder():
     got = run_trusted(Copied, graded, data, "cpu", SPEC)
     assert int(want[2]) == 1 and int(got[2]) == 0
     torch.testing.assert_close(got[0], want[0])  # same numbers, but not tied
+
+
+# -- what the hidden cases decide (issue 17) ---------------------------------------------------
+#
+# Each mistake below passes every case where the thing it gets wrong does not come up: a draw
+# exactly on its threshold, a count exactly on .5, an index past 256, a default that binds, a
+# bound whose bit length changes what randint draws. Some hidden case of its graded name must
+# fail it. `make mutation` grades such mistakes through the whole grader; this checks in
+# seconds that an edit to a case does not stop it deciding one.
+
+MISTAKES = [
+    # (graded name, the reference's code, the mistake)
+    (
+        "create_masked_lm_predictions",
+        "max_predictions_per_seq: int = 20",
+        "max_predictions_per_seq: int = 21",
+    ),
+    (
+        "create_masked_lm_predictions",
+        "max_predictions_per_seq: int = 20",
+        "max_predictions_per_seq: int = 19",
+    ),
+    (
+        "create_masked_lm_predictions",
+        "int(round(len(tokens) * masked_lm_prob))",
+        "int(len(tokens) * masked_lm_prob + 0.5)",
+    ),
+    ("create_masked_lm_predictions", "max(1, int(", "max(0, int("),
+    ("create_masked_lm_predictions", "len(vocab_words) - 1)", "len(vocab_words))"),
+    ("create_masked_lm_predictions", "rng.random() < 0.8", "rng.random() <= 0.8"),
+    ("create_masked_lm_predictions", "elif rng.random() < 0.5", "elif rng.random() <= 0.5"),
+    (
+        "create_instances_from_document",
+        "rng.randint(2, max_num_tokens)",
+        "rng.randint(2, max_num_tokens + 1)",
+    ),
+    (
+        "create_instances_from_document",
+        "rng.randint(2, max_num_tokens)",
+        "rng.randint(2, max_num_tokens - 1)",
+    ),
+    ("create_instances_from_document", "rng.random() < short_seq_prob", "rng.random() <= short_seq_prob"),
+    ("create_instances_from_document", "or rng.random() < 0.5", "or rng.random() <= 0.5"),
+    ("create_instances_from_document", "or rng.random() < 0.5", "or rng.random() < 0.55"),
+    (
+        "create_instances_from_document",
+        "if rng.random() < 0.5:\n            del",
+        "if rng.random() <= 0.5:\n            del",
+    ),
+    ("create_instances_from_document", "len(tokens_b) >= target_b_length", "len(tokens_b) > target_b_length"),
+    ("create_instances_from_document", "chunk_length = 0\n    i = 0", "chunk_length = -1\n    i = 0"),
+    ("create_instances_from_document", "if i == len(document) - 1", "if i is len(document) - 1"),
+    ("create_instances_from_document", "while i < len(document)", "while i is not len(document)"),
+    (
+        "create_instances_from_document",
+        "random_index != document_index",
+        "random_index is not document_index",
+    ),
+    ("mask_tokens", "vocab_size, input_ids.shape", "vocab_size + 1, input_ids.shape"),
+    ("mask_tokens", "vocab_size, input_ids.shape", "vocab_size - 1, input_ids.shape"),
+    ("BertPretrainingHeads", "eps: float = 1e-12", "eps: float = 0.0"),
+    ("BertPretrainingHeads", "eps: float = 1e-12", "eps: float = 1e-05"),
+]
+
+
+def _reference_with(code: str, mistake: str) -> dict:
+    """The reference's names, compiled with ``code`` replaced by ``mistake``."""
+    source = inspect.getsource(ref)
+    assert source.count(code) == 1, f"the reference no longer holds {code!r} once"
+    module = types.ModuleType("reference_with_a_mistake")
+    sys.modules[module.__name__] = module  # dataclass looks the class's module up
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)  # `is` with an int
+            exec(compile(source.replace(code, mistake), "<mistake>", "exec"), vars(module))
+    finally:
+        del sys.modules[module.__name__]
+    return vars(module)
+
+
+def _fails(graded, fn, test, data) -> bool:
+    want = run_trusted(graded.reference, graded, data, "cpu", SPEC)
+    try:
+        got = run_trusted(fn, graded, data, "cpu", SPEC)
+    except Exception:  # an index past the vocabulary, a loop past the document
+        return True
+    tol = graded.tolerance(data, test.dtype, "cpu") if graded.tolerance else tolerance_for(test.dtype)
+    return not all(compare(a, b, tol).ok for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize(("name", "code", "mistake"), MISTAKES, ids=[m[2] for m in MISTAKES])
+def test_a_hidden_case_fails_the_mistake(name, code, mistake):
+    graded = SPEC.graded_name(name)
+    fn = _reference_with(code, mistake)[name]
+    hidden = [(t, build_case(SPEC, graded, t, c)) for t in graded.tests if t.hidden for c in t.cases]
+    assert any(_fails(graded, fn, t, data) for t, data in hidden)
+
+
+def test_landed_rng_states_are_the_seeded_outputs_but_for_the_landed_draws():
+    for name in ("create_masked_lm_predictions", "create_instances_from_document"):
+        graded = SPEC.graded_name(name)
+        landed = [build_case(SPEC, graded, t, c).kwargs for t in graded.tests for c in t.cases]
+        landed = [kw for kw in landed if "rng_state" in kw]
+        assert landed, name
+        for kw in landed:
+            seeded, crafted = random.Random(kw["seed"]), random.Random()
+            crafted.setstate((3, tuple(kw["rng_state"]), None))
+            words = [(seeded.getrandbits(32), crafted.getrandbits(32)) for _ in range(624)]
+            changed = sum(a != b for a, b in words)
+            assert 0 < changed <= 2 * 3  # two words per landed draw, at most three draws
+
+
+def test_every_optional_parameter_is_left_out_by_a_case_and_moved_by_another():
+    # the drivers' protocols: options passed in order, mlm_probability and eps only when given
+    def cases(name):
+        graded = SPEC.graded_name(name)
+        return [build_case(SPEC, graded, t, c).kwargs for t in graded.tests for c in t.cases]
+
+    options = [kw["options"] for kw in cases("create_masked_lm_predictions")]
+    for i, default in enumerate((0.15, 20)):
+        assert any(len(o) <= i for o in options) and any(len(o) > i and o[i] != default for o in options)
+    for name, parameter, default in (
+        ("mask_tokens", "mlm_probability", 0.15),
+        ("BertPretrainingHeads", "eps", 1e-12),
+    ):
+        given = [kw[parameter] for kw in cases(name) if parameter in kw]
+        assert len(given) < len(cases(name)) and any(v != default for v in given), parameter
