@@ -1,3 +1,3 @@
-from autograder.cli import main
+from autograder.grader.cli import main
 
 main()

@@ -11,7 +11,7 @@ Method
    student's own earlier stages come along when the stage loads them), or a broken notebook
    (the solution with a syntax error in one graded cell). Exactly one student hangs: stage
    01 from ``leo_infinite_loop`` (``causal_mask`` never returns).
-2. *Ours*: ``autograder.batch.run`` with ``--workers`` (default: the cores) into a fresh
+2. *Ours*: ``autograder.grader.batch.run`` with ``--workers`` (default: the cores) into a fresh
    gradebook, timed end to end (worker start-up, fork servers, expected values included).
    A thread samples ``/proc`` every 0.2 s and sums the RSS of this process and all of its
    descendants; the peak is reported (a sum of RSS counts pages shared between the fork
@@ -97,7 +97,7 @@ class Pools:
 
     @classmethod
     def load(cls) -> Pools:
-        from autograder.load import find_stage_file
+        from autograder.runtime.load import find_stage_file
         from autograder.stages import stage_ids
 
         correct: dict[str, list[tuple[str, Path]]] = {}
@@ -121,7 +121,7 @@ def build_class(root: Path, n: int, seed: int) -> dict[tuple[str, str], str]:
     broken, hanging)."""
     import nbformat
 
-    from autograder.load import find_stage_file
+    from autograder.runtime.load import find_stage_file
     from autograder.stages import load_spec, stage_ids
 
     rng = random.Random(seed)
@@ -261,7 +261,7 @@ def hangs(rows: list[dict[str, Any]]) -> list[float]:
 
 
 def grade_class(class_dir: Path, workers: int, db: Path, kinds: dict[tuple[str, str], str]) -> BatchFigures:
-    from autograder.batch import Gradebook, discover, run
+    from autograder.grader.batch import Gradebook, discover, run
 
     units = discover(class_dir, None)
     stamps: list[float] = []
@@ -293,7 +293,7 @@ def grade_sharded(class_dir: Path, workers: int, shards: int, base: Path, whole:
     """The class as ``shards`` shards (``--shard K/N``) graded one after another, each by a
     fresh ``batch`` run into its own gradebook (what one task of a job array does), then
     ``merge``d: the wall times, and whether the merged book equals the unsharded one."""
-    from autograder.batch import Gradebook, discover, run
+    from autograder.grader.batch import Gradebook, discover, run
 
     per_shard, t0 = [], time.perf_counter()
     books = []
@@ -465,10 +465,10 @@ def floor_figures(repeat: int = 3, child_repeat: int = 15) -> dict[str, Any]:
     """Per stage, the reference on every case in-process; one warm child per submission."""
     import torch
 
-    from autograder.grade import Grader, run_trusted
-    from autograder.runner import Limits
-    from autograder.spec import build_case
+    from autograder.grader.grade import Grader, run_trusted
+    from autograder.grader.runner import Limits
     from autograder.stages import load_spec, stage_ids
+    from autograder.stages.spec import build_case
 
     torch.set_num_threads(1)  # as a child: one thread
     ref: dict[str, float] = {}
@@ -573,7 +573,7 @@ def _mib(b: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from autograder.batch import default_workers
+    from autograder.grader.batch import default_workers
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--students", type=int, default=200, help="class size (default 200)")

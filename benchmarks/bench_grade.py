@@ -237,9 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     t0 = time.perf_counter()
-    from autograder.grade import Grader
-    from autograder.load import find_stage_file
-    from autograder.runner import Limits
+    from autograder.grader.grade import Grader
+    from autograder.grader.runner import Limits
+    from autograder.runtime.load import find_stage_file
 
     import_s = time.perf_counter() - t0  # torch + the grader, in this process
     stage = args.stage
@@ -368,9 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     console.print(table)
 
-    compared = [
-        r for r in rows.values() if r.excluded is None and r.ours is not None and r.baseline
-    ]
+    compared = [r for r in rows.values() if r.excluded is None and r.ours is not None and r.baseline]
     ours_all = [r.ours for r in rows.values() if r.ours is not None]
     ours_cmp = [r.ours for r in compared if r.ours is not None]
     base_cmp = [r.baseline for r in compared if r.baseline is not None]
@@ -387,21 +385,15 @@ def main(argv: list[str] | None = None) -> int:
     summary.add_column("ms", justify="right")
     summary.add_column("note")
     summary.add_row("import torch + grader (this process)", _ms(import_s), "once per run")
-    summary.add_row(
-        "fork server start-up", _ms(server_s), "once per run: torch import + warm-up, first fork"
-    )
+    summary.add_row("fork server start-up", _ms(server_s), "once per run: torch import + warm-up, first fork")
     summary.add_row("expected values (first run of stage)", _ms(plan_s), "once per run and stage")
-    summary.add_row(
-        "first pass, whole class", _ms(first_pass_s), f"{n_class} submissions, time limits incl."
-    )
+    summary.add_row("first pass, whole class", _ms(first_pass_s), f"{n_class} submissions, time limits incl.")
     summary.add_row(
         "ours, steady, median / submission",
         _ms(_median(ours_all)),
         f"{len(ours_all)} submissions",
     )
-    summary.add_row(
-        "ours, steady, mean / submission", _ms(_mean(ours_all)), f"{len(ours_all)} submissions"
-    )
+    summary.add_row("ours, steady, mean / submission", _ms(_mean(ours_all)), f"{len(ours_all)} submissions")
     summary.add_row(
         "ours, amortised / submission",
         _ms(amortised_s),
@@ -413,9 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         summary.add_row(
             "fresh kernel, median / notebook", _ms(_median(base_cmp)), f"{len(base_cmp)} notebooks"
         )
-        summary.add_row(
-            "fresh kernel, mean / notebook", _ms(base_mean), f"{len(base_cmp)} notebooks"
-        )
+        summary.add_row("fresh kernel, mean / notebook", _ms(base_mean), f"{len(base_cmp)} notebooks")
     console.print(summary)
 
     left_out = [f"{r.student} ({r.excluded})" for r in rows.values() if r.excluded]
@@ -427,8 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print("ratio: not measured (no submission timed on both sides)")
     else:
         console.print(
-            f"ratio (amortised, start-up included, {len(compared)} submissions): "
-            f"{ratio_amortised:.1f}x",
+            f"ratio (amortised, start-up included, {len(compared)} submissions): {ratio_amortised:.1f}x",
             highlight=False,
         )
         print(
@@ -471,8 +460,7 @@ def main(argv: list[str] | None = None) -> int:
             "ratio_amortised": ratio_amortised,
             "compared": [r.student for r in compared],
             "submissions": [
-                {**asdict(r), "ours_median_s": r.ours, "baseline_median_s": r.baseline}
-                for r in rows.values()
+                {**asdict(r), "ours_median_s": r.ours, "baseline_median_s": r.baseline} for r in rows.values()
             ],
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)

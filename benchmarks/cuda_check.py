@@ -117,9 +117,7 @@ def main() -> int:
                 ]
             )
             figures[f"batch_{device}"] = {"rc": rc, "seconds": round(s, 1)}
-            print(
-                f"\n[3] batch of the example class on {device}: rc={rc}, {s:.1f} s, {args.workers} workers"
-            )
+            print(f"\n[3] batch of the example class on {device}: rc={rc}, {s:.1f} s, {args.workers} workers")
             if rc:
                 print(out[-3000:])
             ok &= rc == 0

@@ -28,9 +28,9 @@ from pathlib import Path
 from cosmic_ray.ast import ast_nodes
 from cosmic_ray.mutating import MutationVisitor
 
-from autograder.drivers import resolve
-from autograder.spec import Graded
+from autograder.runtime.drivers import resolve
 from autograder.stages import load_spec
+from autograder.stages.spec import Graded
 from mutation.operators import all_operators, parse
 
 ROOT = Path(__file__).resolve().parent.parent

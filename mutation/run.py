@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from autograder.grade import Grader
-from autograder.results import StageResult
+from autograder.grader.grade import Grader
+from autograder.runtime.results import StageResult
 from autograder.stages import requires
 from mutation.generate import ROOT, Generated, Mutant, generate, submission_source
 

@@ -1,7 +1,7 @@
 """The hidden reference implementation of every bertlab stage.
 
 Only the trusted grader process imports this package. Student code runs in a child
-process that never imports it (see autograder/forkserver.py), and the released student
+process that never imports it (see autograder/sandbox/forkserver.py), and the released student
 bundle does not contain it. Modules are named after their stage (``01_attention``), so
 load them with :func:`load`.
 """

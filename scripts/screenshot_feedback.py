@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(ROOT))
-    from autograder.feedback import write_html
-    from autograder.grade import Grader
+    from autograder.grader.feedback import write_html
+    from autograder.grader.grade import Grader
     from autograder.stages import stages_for
 
     with Grader(keep_arrays=True) as grader:

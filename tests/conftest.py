@@ -56,8 +56,8 @@ def pytest_collection_modifyitems(items):
 def grader():
     """One grader (one fork server, expected values computed once) per test module."""
     # imported here: a process that loads only the profiles above need not load torch
-    from autograder.grade import Grader
-    from autograder.runner import Limits
+    from autograder.grader.grade import Grader
+    from autograder.grader.runner import Limits
 
     with Grader(device=DEVICE, limits=Limits(call_s=CALL_S, cell_s=5.0, submission_s=60.0)) as g:
         yield g

@@ -48,7 +48,7 @@ def no_process_left(marker: str, timeout: float = 5.0) -> bool:
 def call_of(plan, pc):
     """The planned call of the case ``pc`` and its decoded inputs: the calls are ordered
     public first, and the hidden cases' inputs travel apart from the public ones."""
-    from autograder import wire
+    from autograder.runtime import wire
 
     call = next(c for c in plan.calls if c.index == pc.index)
     return call, {k: wire.decode(v, plan.inputs | plan.hidden_inputs) for k, v in call.data.items()}
@@ -59,8 +59,8 @@ def verdicts(plan, ns: dict, name: str) -> list[tuple[Any, bool]]:
     namespace ``ns`` here as the child runs it (same driver, same build-load-call) and checked
     as the grader checks it. No sandbox and no forbidden-call watch: this tells programs
     apart by their values."""
-    from autograder.check import check_case
-    from autograder.harness import run_call
+    from autograder.runtime.check import check_case
+    from autograder.runtime.harness import run_call
 
     out = []
     for pc in plan.cases:

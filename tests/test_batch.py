@@ -119,7 +119,7 @@ def _sigint_default() -> None:
 
 def _session(sid: int) -> list[int]:
     """Live processes of session ``sid`` (the batch was started in a session of its own)."""
-    from autograder.sandbox import _pids
+    from autograder.sandbox.confine import _pids
 
     found = []
     for pid in _pids():
@@ -182,7 +182,7 @@ def test_shards_merge_into_the_whole_class_idempotently(klass, tmp_path):
 
 
 def test_nbgrader_layout_is_discovered(tmp_path):
-    from autograder.batch import discover
+    from autograder.grader.batch import discover
 
     for student in ("alice", "bo"):
         d = tmp_path / "submitted" / student / "01_attention"

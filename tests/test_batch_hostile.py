@@ -63,7 +63,7 @@ def _grades(db: Path) -> dict[str, tuple[float, str, dict]]:
 def test_a_student_named_submitted_cannot_make_the_batch_read_nbgrader_layout(tmp_path):
     """In a flat class, a student's folder `submitted/` holding folders named after the
     other students must neither hide the class nor be graded under their names."""
-    from autograder.batch import LayoutError, discover
+    from autograder.grader.batch import LayoutError, discover
 
     klass = _flat_class(tmp_path / "class")
     for victim in HONEST:  # the attacker's "submissions" for everyone else
@@ -87,7 +87,7 @@ def test_a_student_named_submitted_cannot_make_the_batch_read_nbgrader_layout(tm
 
 
 def test_an_nbgrader_course_directory_is_read_as_such_and_an_explicit_layout_is_obeyed(tmp_path):
-    from autograder.batch import LayoutError, discover
+    from autograder.grader.batch import LayoutError, discover
 
     course = tmp_path / "course"
     for student in ("alice", "bo"):
@@ -120,7 +120,7 @@ def test_an_nbgrader_course_directory_is_read_as_such_and_an_explicit_layout_is_
 def test_a_linked_student_folder_is_not_followed(tmp_path):
     """A folder that is a link (to the reference solutions, to another student) would be
     graded as if its target were the student's work."""
-    from autograder.batch import discover
+    from autograder.grader.batch import discover
 
     klass = _flat_class(tmp_path / "class")
     outside = _hand_in(tmp_path / "elsewhere")
@@ -135,7 +135,7 @@ def test_a_linked_student_folder_is_not_followed(tmp_path):
 
 
 def test_a_folder_that_cannot_be_read_is_reported_and_the_others_are_discovered(tmp_path, monkeypatch):
-    from autograder import batch as b
+    from autograder.grader import batch as b
 
     klass = _flat_class(tmp_path / "class")
     real = b.fingerprint
@@ -157,7 +157,7 @@ WEIRD = ["eve\x1b[2J", "bob\nmallory", "tab\tbed"]
 
 
 def test_unprintable_student_names_are_reported_never_graded_never_crash_the_batch(tmp_path):
-    from autograder.batch import discover
+    from autograder.grader.batch import discover
 
     klass = _flat_class(tmp_path / "class")
     for name in WEIRD:
@@ -182,7 +182,7 @@ def test_unprintable_student_names_are_reported_never_graded_never_crash_the_bat
 
 
 def test_csv_cells_that_a_spreadsheet_would_run_as_formulas_are_quoted(tmp_path):
-    from autograder.batch import Gradebook, Unit
+    from autograder.grader.batch import Gradebook, Unit
 
     names = ['=HYPERLINK("http://x","y")', "+1", "-2", "@SUM(A1)", "plain"]
     with Gradebook(tmp_path / "book.sqlite") as book:
@@ -205,7 +205,7 @@ def test_an_oversized_stage_file_is_not_read_into_memory_to_fingerprint_it(tmp_p
     probe = (
         "import resource, sys\n"
         "from pathlib import Path\n"
-        "from autograder.batch import discover\n"
+        "from autograder.grader.batch import discover\n"
         "from autograder.stages import requires\n"
         "requires('01_attention')\n"  # what discovery imports, before the limit
         "vm = int(next(l for l in open('/proc/self/status') if l.startswith('VmSize')).split()[1]) * 1024\n"
@@ -231,7 +231,7 @@ def four(tmp_path):
 
 
 def _run(klass: Path, book, **kwargs):
-    from autograder import batch as b
+    from autograder.grader import batch as b
 
     return b.run(b.discover(klass, ["01_attention"]), book, 2, device=DEVICE, call_s=CALL_S, **kwargs)
 
@@ -243,8 +243,8 @@ def test_a_giant_result_is_stored_within_the_row_budget(four, tmp_path, monkeypa
     """~60k forged notes made a 1.5 GB row that SQLite refused (its limit, here lowered
     1000x so the test does not need 1.5 GB): the batch died on every run. The stored row
     keeps the grade and a bounded share of the notes, and says how many it dropped."""
-    from autograder import batch as b
-    from autograder.grade import Grader
+    from autograder.grader import batch as b
+    from autograder.grader.grade import Grader
 
     real = Grader.grade
     own: list[str] = []
@@ -278,7 +278,7 @@ def test_every_text_of_a_stored_grade_is_cut_and_the_row_fits_its_budget(tmp_pat
     """Whatever a result holds (here texts of non-ASCII characters, which JSON spells in 12
     bytes each), its row fits, cut harder where cutting each text is not enough; the grade
     itself, its tests and their cases, are all there."""
-    from autograder.batch import ROW_BYTES, Gradebook, Unit
+    from autograder.grader.batch import ROW_BYTES, Gradebook, Unit
 
     case = {"label": "c", "passed": False, "message": "\U0001f600" * 100_000, "misconceptions": ["m"]}
     test = {"function": "f", "group": "g", "max_score": 1.0, "score": 0.5, "cases": [case] * 40}
@@ -307,8 +307,8 @@ def test_every_text_of_a_stored_grade_is_cut_and_the_row_fits_its_budget(tmp_pat
 def test_a_student_whose_grading_raises_gets_an_error_row_and_the_others_are_graded(
     four, tmp_path, monkeypatch
 ):
-    from autograder import batch as b
-    from autograder.grade import Grader
+    from autograder.grader import batch as b
+    from autograder.grader.grade import Grader
 
     real = Grader.grade
 
@@ -341,7 +341,7 @@ def test_a_student_whose_grading_raises_gets_an_error_row_and_the_others_are_gra
 # The store call refuses one student, as SQLite refused a 1.5 GB row.
 REFUSE_MALLORY = """
 import sqlite3, sys
-from autograder import batch
+from autograder.grader import batch
 real = batch.Gradebook.put
 def put(self, unit, result):
     if unit.student == "mallory":
@@ -349,7 +349,7 @@ def put(self, unit, result):
     return real(self, unit, result)
 batch.Gradebook.put = put
 sys.argv[0] = "bertlab"
-from autograder.cli import main
+from autograder.grader.cli import main
 main()
 """
 
@@ -387,9 +387,9 @@ def test_a_stage_the_grader_fails_on_is_an_error_row_graded_again_and_not_export
     """``Grader.grade_stage`` turns its own fault into a 0 "the grader failed" result: it
     is no grade. Stored with the files' fingerprint it was never graded again; it is an
     error row now, and nbgrader's gradebook does not receive it as a 0."""
-    from autograder import batch as b
-    from autograder.grade import Grader
-    from autograder.nbgrader_export import export
+    from autograder.grader import batch as b
+    from autograder.grader.grade import Grader
+    from autograder.grader.nbgrader_export import export
 
     real = Grader._grade_stage
 

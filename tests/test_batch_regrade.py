@@ -167,7 +167,7 @@ def test_a_dry_run_regrade_reports_each_changed_test_and_writes_nothing_then_a_r
 
 
 def _run(klass: Path, book, **kwargs):
-    from autograder import batch as b
+    from autograder.grader import batch as b
 
     units = b.discover(klass, ["99_toy"])
     return b.run(units, book, 2, regrade=True, device=DEVICE, call_s=CALL_S, **kwargs)
@@ -176,8 +176,8 @@ def _run(klass: Path, book, **kwargs):
 def test_error_rows_show_as_errors_on_either_side_never_as_points_lost_or_gained(
     graded, tmp_path, monkeypatch
 ):
-    from autograder import batch as b
-    from autograder.grade import Grader
+    from autograder.grader import batch as b
+    from autograder.grader.grade import Grader
 
     _, klass, stages, book = graded
     monkeypatch.setenv("BERTLAB_STAGE_PATH", str(stages))
@@ -233,7 +233,7 @@ def test_error_rows_show_as_errors_on_either_side_never_as_points_lost_or_gained
 
 
 def test_tests_added_removed_or_worth_more_and_edited_files_are_named(graded, tmp_path, monkeypatch):
-    from autograder import batch as b
+    from autograder.grader import batch as b
 
     _, klass, _, book = graded
     batched = (

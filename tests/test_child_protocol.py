@@ -20,10 +20,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autograder import runner, wire
-from autograder.check import Expectation, check_case
-from autograder.runner import CallOutcome, Planned, _Events, _load_outputs, _Watch, finish_outcomes
-from autograder.spec import Tolerance
+from autograder.grader import runner
+from autograder.grader.runner import CallOutcome, Planned, _Events, _load_outputs, _Watch, finish_outcomes
+from autograder.runtime import wire
+from autograder.runtime.check import Expectation, check_case
+from autograder.runtime.compare import Tolerance
 from autograder.stages import load_spec
 from tests.support import ROOT, write_py
 
@@ -263,8 +264,8 @@ MEMORY_PROBE = textwrap.dedent(
     """
     import json, resource, sys
     from pathlib import Path
-    from autograder.grade import Grader
-    from autograder.runner import Limits
+    from autograder.grader.grade import Grader
+    from autograder.grader.runner import Limits
     honest, hostile = Path(sys.argv[1]), Path(sys.argv[2])
     with Grader(limits=Limits(call_s=10.0, cell_s=20.0, submission_s=120.0)) as g:
         first = g.grade(honest, ["01_attention"])

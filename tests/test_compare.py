@@ -5,8 +5,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autograder.compare import _full, _region, compare, matches
-from autograder.spec import DEFAULT_TOLERANCES, Tolerance, tolerance_for
+from autograder.runtime.compare import (
+    DEFAULT_TOLERANCES,
+    Tolerance,
+    _full,
+    _region,
+    compare,
+    matches,
+    tolerance_for,
+)
 
 TOL = Tolerance(rtol=1e-6, atol=1e-9)
 

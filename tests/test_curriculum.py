@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autograder import results
-from autograder.harness import ForbiddenCallDetector
-from autograder.report import to_gradescope
-from autograder.spec import Graded, StageSpec
+from autograder.grader.report import to_gradescope
+from autograder.runtime import results
+from autograder.runtime.harness import ForbiddenCallDetector
 from autograder.stages import all_specs, requires, stage_ids
+from autograder.stages.spec import Graded, StageSpec
 from tests.support import ROOT
 
 TEXT = (ROOT / "CURRICULUM.md").read_text(encoding="utf-8")

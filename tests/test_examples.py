@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from autograder.report import to_gradescope
+from autograder.grader.report import to_gradescope
 from autograder.stages import load_spec
 from tests.support import CALL_S, DEVICE, ROOT, assert_gradescope_results, once_per_session
 
@@ -40,8 +40,8 @@ ONE_MISTAKE = {key: ids for key, (_, ids, _) in EXPECTED.items() if len(ids) == 
 
 
 def _grade_class() -> dict[str, dict]:
-    from autograder.grade import Grader
-    from autograder.runner import Limits
+    from autograder.grader.grade import Grader
+    from autograder.grader.runner import Limits
 
     out = {}
     with Grader(device=DEVICE, limits=Limits(call_s=CALL_S)) as grader:

@@ -14,12 +14,12 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from autograder import feedback
-from autograder.check import window
-from autograder.grade import Grader
-from autograder.report import to_gradescope
-from autograder.results import CaseResult
-from autograder.runner import Limits
+from autograder.grader import feedback
+from autograder.grader.grade import Grader
+from autograder.grader.report import to_gradescope
+from autograder.grader.runner import Limits
+from autograder.runtime.check import window
+from autograder.runtime.results import CaseResult
 from autograder.stages import load_spec
 from tests.support import ROOT, write_py
 
@@ -135,7 +135,7 @@ def test_student_text_is_escaped(graded):
 
 
 def test_control_characters_are_replaced():
-    from autograder.results import StageResult, SubmissionResult
+    from autograder.runtime.results import StageResult, SubmissionResult
 
     r = SubmissionResult(
         "x\x1b[31mred", [StageResult(STAGE, "f.py", [], ["bell\x07"], stdout="\x1b]0;t\x07")]

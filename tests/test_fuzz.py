@@ -492,9 +492,9 @@ def _write_submission(directory: Path, category: str, data: bytes) -> None:
 def _grade_in_process(root: Path, subs: list) -> tuple[dict[str, dict], float, float]:
     """Every submission, then the solution again, through one Grader: (entries, the
     solution's score before them, seconds after start-up)."""
-    from autograder.grade import Grader
-    from autograder.report import to_gradescope, write_results
-    from autograder.runner import Limits
+    from autograder.grader.grade import Grader
+    from autograder.grader.report import to_gradescope, write_results
+    from autograder.grader.runner import Limits
 
     graded: dict[str, dict] = {}
     # nbformat logs every invalid notebook, whole, at ERROR (one line of 20,000 tags...)
@@ -713,7 +713,7 @@ def test_the_cli_writes_a_valid_results_file_for_each_of_a_sample(fuzz):
 
 
 def _load_seconds(tmp_path: Path, nb: dict) -> tuple[float, list[tuple[str, str]]]:
-    from autograder.load import load_source
+    from autograder.runtime.load import load_source
 
     path = tmp_path / f"{STAGE}.ipynb"
     path.write_text(json.dumps(nb))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.gradescope import CONFIG, build_zip, locate_submission
+from autograder.grader.gradescope import CONFIG, build_zip, locate_submission
 from tests.support import ROOT, assert_gradescope_results
 
 STAGE = "01_attention"

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import reference
-from autograder.spec import build_case, tolerance_for
 from autograder.stages import load_spec
+from autograder.stages.spec import build_case, tolerance_for
 
 
 def _hidden(stage: str, name: str):

@@ -27,9 +27,9 @@ import zipfile
 import pytest
 import torch
 
-from autograder.grade import StagePlan
+from autograder.grader.grade import StagePlan
+from autograder.runtime.wire import decode
 from autograder.stages import load_spec
-from autograder.wire import decode
 from tests.support import write_py
 
 STAGE = "01_attention"
@@ -196,12 +196,12 @@ def _found(text: str, fingerprints: dict[str, set]) -> dict[str, list]:
 def outputs(tmp_path_factory, secrets) -> dict[str, str]:
     """Every student-facing output of the leaky submission's grade, as text, plus the
     instructor's views."""
-    from autograder.batch import Gradebook, Unit
-    from autograder.feedback import render_html
-    from autograder.grade import Grader
-    from autograder.gradescope import build_zip
-    from autograder.report import to_gradescope, write_results
-    from autograder.runner import Limits
+    from autograder.grader.batch import Gradebook, Unit
+    from autograder.grader.feedback import render_html
+    from autograder.grader.grade import Grader
+    from autograder.grader.gradescope import build_zip
+    from autograder.grader.report import to_gradescope, write_results
+    from autograder.grader.runner import Limits
 
     tmp = tmp_path_factory.mktemp("leaks")
     sub = write_py(tmp / "leaky", STAGE, LEAKY)

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder import load
-from autograder.load import LoadError, defines, load_source
+from autograder.runtime import load
+from autograder.runtime.load import LoadError, defines, load_source
 from autograder.stages import load_spec
 from tests.support import ROOT
 
@@ -147,7 +147,7 @@ HOSTILE: dict[str, tuple] = {
 _CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
-from autograder.load import LoadError, defines, load_source
+from autograder.runtime.load import LoadError, defines, load_source
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a regression fails, not the machine
 for name, path in json.loads(sys.argv[1]).items():
     print(json.dumps({"start": name}), flush=True)
@@ -459,7 +459,7 @@ def test_a_60_mb_notebook_of_outputs_grades_in_full_and_is_never_held(grader, tm
     assert result.score == load_spec(STAGE).max_score, result.stages[0]
     # what reading it costs: the bytes of a chunk, not of the outputs
     probe = (
-        "import sys; from pathlib import Path; from autograder.load import load_source\n"
+        "import sys; from pathlib import Path; from autograder.runtime.load import load_source\n"
         "hwm = lambda: int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1])\n"
         "import IPython.core.inputtransformer2; before = hwm()\n"
         f"load_source(Path({str(path)!r}), {STAGE!r}); print(hwm() - before)"

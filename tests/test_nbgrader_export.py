@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from autograder.batch import Gradebook, Unit
-from autograder.nbgrader_export import grade_cell_name
+from autograder.grader.batch import Gradebook, Unit
+from autograder.grader.nbgrader_export import grade_cell_name
 from autograder.stages import load_spec
 from tests.support import ROOT, cli_command
 
@@ -23,7 +23,7 @@ SCORES = {"ada_correct_matmul": 17, "bob_missing_scale": 8}
 
 @pytest.fixture(scope="module")
 def bertlab_book(tmp_path_factory):
-    from autograder.grade import Grader
+    from autograder.grader.grade import Grader
 
     path = tmp_path_factory.mktemp("book") / "bertlab.sqlite"
     with Grader() as grader, Gradebook(path) as book:

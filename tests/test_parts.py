@@ -10,7 +10,7 @@ import os
 import nbformat
 import pytest
 
-from autograder import parts
+from autograder.runtime import parts
 from autograder.stages import STAGE_PATH_ENV
 from tests.support import ROOT, write_py
 from tests.test_toy_stage import BUGGY, CORRECT
@@ -91,7 +91,7 @@ def _toy_stages():
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    from autograder.grade import Grader
+    from autograder.grader.grade import Grader
 
     root = tmp_path_factory.mktemp("uses")
     write_py(root / "good", "99_toy", CORRECT)
@@ -123,7 +123,7 @@ def test_a_missing_earlier_stage_is_explained(graded):
 
 
 def test_dataclasses_work_in_a_py_submission_and_in_a_part(tmp_path):
-    from autograder.grade import Grader
+    from autograder.grader.grade import Grader
 
     code = (
         "from dataclasses import dataclass\n\n@dataclass\nclass Pair:\n    a: int\n    b: int\n\n"

@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autograder import wire
-from autograder.report import to_gradescope
+from autograder.grader.report import to_gradescope
+from autograder.runtime import wire
 from tests.support import ROOT, no_process_left, write_py
 
 pytestmark = pytest.mark.stage01
@@ -163,7 +163,7 @@ def test_child_never_has_the_reference_or_the_specs(grader, tmp_path):
         "    return torch.ones(L, L, dtype=torch.bool).tril()",
         "    import sys\n"
         "    leaked = [m for m in sys.modules if m == 'reference' or m.startswith(('reference.', 'autograder.stages',"
-        " 'autograder.grade', 'autograder.public'))]\n"
+        " 'autograder.grader'))]\n"
         "    print('LEAKED', leaked)\n"
         "    return torch.ones(L, L, dtype=torch.bool).tril() if not leaked else torch.zeros(L, L, dtype=torch.bool)",
     )
@@ -223,8 +223,8 @@ def test_one_tensor_passed_as_several_arguments_crosses_the_boundary():
     import safetensors.torch
     import torch
 
-    from autograder import wire
-    from autograder.runner import encode_inputs
+    from autograder.grader.runner import encode_inputs
+    from autograder.runtime import wire
 
     x = torch.randn(2, 3, 4)
     skeletons, tensors = encode_inputs([(0, {"args": (x, x, x[0]), "kwargs": {}})])
@@ -257,7 +257,7 @@ def test_events_and_their_raw_bytes_arrive_whole_however_the_pipe_cuts_them(even
     import json
     import os
 
-    from autograder.runner import _Events
+    from autograder.grader.runner import _Events
 
     sent, data = [], b""
     for ev in events:
@@ -303,7 +303,7 @@ def test_the_detector_leaves_torch_dynamo_unimported():
     import (1-2 s, 70 MB). It still names what it catches."""
     code = (
         "import sys, torch\n"
-        "from autograder.harness import ForbiddenCallDetector\n"
+        "from autograder.runtime.harness import ForbiddenCallDetector\n"
         "with ForbiddenCallDetector(('aten::_softmax', 'torch.nn.functional.softmax')) as d:\n"
         "    torch.softmax(torch.zeros(2), 0)\n"
         "print(d.found, 'torch._dynamo' in sys.modules)\n"

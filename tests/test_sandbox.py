@@ -11,10 +11,10 @@ import threading
 
 import pytest
 
-from autograder import sandbox
-from autograder.grade import Grader
-from autograder.runner import Limits
-from autograder.sandbox import detect
+from autograder.grader.grade import Grader
+from autograder.grader.runner import Limits
+from autograder.sandbox import confine as sandbox
+from autograder.sandbox.confine import detect
 from tests.support import ROOT, write_py
 
 STAGE = "01_attention"
@@ -270,7 +270,7 @@ def test_a_lock_dir_is_made_private_and_leases_a_job_uid(lock_dir):
 
 def test_graders_agree_on_the_lock_dir_whatever_their_tmpdir(tmp_path):
     # two graders side by side, one with its own TMPDIR, must lock the same uids
-    code = "from autograder import sandbox; print(sandbox.LOCK_DIR)"
+    code = "from autograder.sandbox import confine; print(confine.LOCK_DIR)"
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     theirs = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert theirs.returncode == 0, theirs.stderr

@@ -21,7 +21,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from autograder import public
+from autograder.grader import public
 from autograder.stages import load_spec, stage_ids
 from tests.support import ROOT
 
@@ -219,7 +219,7 @@ CHILD = """
 import json, sys
 from pathlib import Path
 import torch
-from autograder import public
+from autograder.grader import public
 from autograder.stages import load_spec, stage_ids
 for stage in stage_ids():
     (Path(sys.argv[1]) / public.selfcheck_file(stage)).write_bytes(public.encode(load_spec(stage)))

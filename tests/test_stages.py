@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from autograder.check import check_case
-from autograder.grade import StagePlan
-from autograder.notebooks import generate_stage
-from autograder.spec import build_case
+from autograder.grader.grade import StagePlan
+from autograder.grader.notebooks import generate_stage
+from autograder.runtime.check import check_case
 from autograder.stages import all_specs, stage_ids
+from autograder.stages.spec import build_case
 from tests.support import ROOT
 
 SPECS = {s.id: s for s in all_specs()}

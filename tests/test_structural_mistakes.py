@@ -25,13 +25,14 @@ import pytest
 import torch
 
 import reference
-from autograder import batch, feedback, selfcheck
-from autograder.check import GENERIC_MISCONCEPTIONS, check_case, returned_in_order
-from autograder.grade import StagePlan
-from autograder.gradescope import student_view
-from autograder.spec import build_case
+from autograder.grader import batch, feedback
+from autograder.grader.grade import StagePlan
+from autograder.grader.gradescope import student_view
+from autograder.grader.visibility import for_students
+from autograder.runtime import selfcheck
+from autograder.runtime.check import GENERIC_MISCONCEPTIONS, check_case, returned_in_order
 from autograder.stages import all_specs, stage_ids
-from autograder.visibility import for_students
+from autograder.stages.spec import build_case
 from tests.support import ROOT
 
 SPECS = {s.id: s for s in all_specs()}

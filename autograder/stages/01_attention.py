@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 import reference
-from autograder.spec import Case, CaseData, Graded, StageSpec, Test, Variant, randint, randn
+from autograder.stages.spec import Case, CaseData, Graded, StageSpec, Test, Variant, randint, randn
 
 ref = reference.load("01_attention")
 

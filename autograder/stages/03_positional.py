@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 import reference
-from autograder.spec import Case, CaseData, Graded, StageSpec, Test, Tolerance, Variant, tolerance_for
+from autograder.stages.spec import Case, CaseData, Graded, StageSpec, Test, Tolerance, Variant, tolerance_for
 
 ref = reference.load("03_positional")
 

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 import reference
-from autograder.spec import Case, CaseData, Graded, StageSpec, Test, Variant, randint, randn
+from autograder.stages.spec import Case, CaseData, Graded, StageSpec, Test, Variant, randint, randn
 
 ref = reference.load("04_word2vec")
 

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 import reference
-from autograder.spec import (
+from autograder.stages.spec import (
     Case,
     CaseData,
     Graded,
@@ -237,7 +237,7 @@ def _bn_steps(
     constant_feature: bool = False,
     mode_built_at_run_time: bool = False,
 ):
-    """Three train batches then one eval batch (autograder.drivers.normalization.STEPS).
+    """Three train batches then one eval batch (autograder.runtime.drivers.normalization.STEPS).
     ``mode_built_at_run_time``: the driver passes modes equal to "train" and "eval" that are
     not the interned literals, as modes read at run time are (`mode is "train"` fails)."""
 

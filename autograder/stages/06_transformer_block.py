@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 import reference
-from autograder.spec import Case, CaseData, Graded, StageSpec, Test, Variant, randint, randn
 from autograder.stages import load_spec
+from autograder.stages.spec import Case, CaseData, Graded, StageSpec, Test, Variant, randint, randn
 
 ref = reference.load("06_transformer_block")
 attention = reference.load("01_attention")

@@ -1,6 +1,6 @@
 """Stage 07: BERT's pretraining data (MLM, NSP) and heads (CURRICULUM.md, 07_bert_pretraining).
 
-The two data functions are graded exactly, through drivers (autograder/drivers/pretraining.py):
+The two data functions are graded exactly, through drivers (autograder/runtime/drivers/pretraining.py):
 the same ``random.Random(seed)`` in must give the same tokens, positions and labels out and
 leave the rng in the same state as the original BERT release's create_pretraining_data.py
 (tests/reference proves the reference equals that script). Their cases run on synthetic
@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import reference
-from autograder.drivers.bert import minilm_dir
-from autograder.drivers.pretraining import vocab_words as case_vocab
-from autograder.spec import Case, CaseData, Graded, StageSpec, Test, Tolerance, Variant, randint, randn
+from autograder.runtime.drivers.bert import minilm_dir
+from autograder.runtime.drivers.pretraining import vocab_words as case_vocab
+from autograder.stages.spec import Case, CaseData, Graded, StageSpec, Test, Tolerance, Variant, randint, randn
 
 ref = reference.load("07_bert_pretraining")
 
@@ -340,7 +340,7 @@ def _real_batch(n_pairs: int, length: int) -> tuple[Tensor, Tensor]:
 
 @functools.cache
 def _real_vocab() -> tuple[str, ...]:
-    from autograder.drivers.pretraining import real_vocab
+    from autograder.runtime.drivers.pretraining import real_vocab
 
     return real_vocab()
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 import reference
-from autograder.spec import Case, CaseData, Graded, StageSpec, Test, Variant, randint, randn
+from autograder.stages.spec import Case, CaseData, Graded, StageSpec, Test, Variant, randint, randn
 
 ref = reference.load("08_qa_span")
 

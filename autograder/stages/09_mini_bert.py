@@ -17,8 +17,9 @@ import torch
 from torch import Tensor
 
 import reference
-from autograder.drivers.bert import minilm_dir
-from autograder.spec import (
+from autograder.runtime.drivers.bert import minilm_dir
+from autograder.stages import load_spec
+from autograder.stages.spec import (
     Case,
     CaseData,
     Graded,
@@ -30,7 +31,6 @@ from autograder.spec import (
     randn,
     tolerance_for,
 )
-from autograder.stages import load_spec
 
 ref = reference.load("09_mini_bert")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # importing the spec module imports torch: stage_ids() must stay instant
-    from autograder.spec import StageSpec
+    from autograder.stages.spec import StageSpec
 
 _STAGE_FILE = re.compile(r"^(\d\d_[a-z0-9_]+)\.py$")
 STAGE_PATH_ENV = "BERTLAB_STAGE_PATH"
@@ -83,7 +83,7 @@ def stages_for(submission: Path, asked: list[str] | None) -> list[str]:
     if submission.is_file() and submission.stem in known:
         return [submission.stem]
     if submission.is_dir():
-        from autograder.load import LoadError, find_stage_file
+        from autograder.runtime.load import LoadError, find_stage_file
 
         held = []
         for s in known:

@@ -568,9 +568,9 @@ def _extra_no_reference_text(run: dict, attack: str) -> None:
 
 def _softmax_fingerprints(token: str) -> dict[str, set[str]]:
     """The probe of every softmax input, as leak_hidden_inputs computes it, public and hidden."""
-    from autograder.grade import StagePlan
+    from autograder.grader.grade import StagePlan
+    from autograder.runtime.wire import decode
     from autograder.stages import load_spec
-    from autograder.wire import decode
 
     plan = StagePlan.build(load_spec(STAGE), "cpu")
     calls = {c.index: c for c in plan.calls}

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import reference
-from autograder.compare import compare
-from autograder.drivers import positional as drivers
-from autograder.spec import CaseData, Tolerance
+from autograder.runtime.compare import compare
+from autograder.runtime.drivers import positional as drivers
 from autograder.stages import load_spec
+from autograder.stages.spec import CaseData, Tolerance
 
 ref = reference.load("03_positional")
 SPEC = load_spec("03_positional")

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference
-from autograder.grade import StagePlan
-from autograder.spec import build_case
+from autograder.grader.grade import StagePlan
 from autograder.stages import load_spec
+from autograder.stages.spec import build_case
 from tests.support import verdicts
 
 ref = reference.load("04_word2vec")

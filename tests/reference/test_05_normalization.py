@@ -14,12 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference
-from autograder.check import check_case
-from autograder.drivers import normalization as drivers
-from autograder.grade import StagePlan
-from autograder.harness import run_call
-from autograder.spec import build_case
+from autograder.grader.grade import StagePlan
+from autograder.runtime.check import check_case
+from autograder.runtime.drivers import normalization as drivers
+from autograder.runtime.harness import run_call
 from autograder.stages import load_spec
+from autograder.stages.spec import build_case
 from tests.support import call_of, verdicts, write_py
 
 ref = reference.load("05_normalization")

@@ -20,12 +20,12 @@ import torch
 from torch import nn
 
 import reference
-from autograder.compare import compare
-from autograder.drivers import pretraining as drivers
-from autograder.drivers.bert import minilm_dir
-from autograder.grade import run_trusted
-from autograder.spec import CaseData, build_case, tolerance_for
+from autograder.grader.grade import run_trusted
+from autograder.runtime.compare import compare
+from autograder.runtime.drivers import pretraining as drivers
+from autograder.runtime.drivers.bert import minilm_dir
 from autograder.stages import load_spec
+from autograder.stages.spec import CaseData, build_case, tolerance_for
 
 ref = reference.load("07_bert_pretraining")
 SPEC = load_spec("07_bert_pretraining")

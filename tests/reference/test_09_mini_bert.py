@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import reference
-from autograder.drivers.bert import minilm_dir, minilm_weights
+from autograder.runtime.drivers.bert import minilm_dir, minilm_weights
 from autograder.stages import load_spec
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # no network, ever: the files are local
@@ -125,7 +125,7 @@ def test_the_checkpoint_children_inherit_cannot_be_changed_from_a_child():
 
     import safetensors.torch
 
-    from autograder.drivers.bert import _checkpoint
+    from autograder.runtime.drivers.bert import _checkpoint
 
     ckpt = _checkpoint()
     with pytest.raises(PermissionError):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.compare import compare
-from autograder.grade import StagePlan
+from autograder.grader.grade import StagePlan
+from autograder.runtime.compare import compare
 from autograder.stages import load_spec, stage_ids
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")

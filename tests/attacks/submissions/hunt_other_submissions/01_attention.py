@@ -45,7 +45,9 @@ def _ancestors():
 
 def _is_grader(argv):
     """The grader's own processes (fork server, CLI), never the test runner above them."""
-    return any(a == "autograder" or "autograder.forkserver" in a or a.endswith("/bertlab") for a in argv)
+    return any(
+        a == "autograder" or "autograder.sandbox.forkserver" in a or a.endswith("/bertlab") for a in argv
+    )
 
 
 def _candidates():

@@ -1,9 +1,9 @@
 """A fork server: one clean interpreter, torch already imported, forks a child per job.
 
 Importing torch costs seconds; forking a process that has imported it costs
-milliseconds. The server is started with ``python -m autograder.forkserver`` (a fresh
+milliseconds. The server is started with ``python -m autograder.sandbox.forkserver`` (a fresh
 interpreter, so it has never imported the reference, a stage spec or an expected value:
-nothing secret can be inherited by a fork), imports ``autograder.child`` and then waits.
+nothing secret can be inherited by a fork), imports ``autograder.sandbox.child`` and then waits.
 
 Protocol, over an inherited SOCK_SEQPACKET socket (its fd number is argv[1]):
   parent -> server  {"job": DIR, "id": N}  with fds attached: the event pipe's write end and
@@ -30,7 +30,7 @@ def _child(sock: socket.socket, job: str, event_fd: int, control_fd: int | None)
     try:
         sock.close()
         os.setsid()
-        from autograder import child
+        from autograder.sandbox import child
 
         code = child.main(job, event_fd, control_fd)
     except BaseException:
@@ -47,7 +47,7 @@ def _warm_up() -> None:
     import safetensors.torch
     import torch
 
-    from autograder.harness import ForbiddenCallDetector, KernelGuard, run_call
+    from autograder.runtime.harness import ForbiddenCallDetector, KernelGuard, run_call
 
     torch.set_num_threads(1)  # before any op: no thread pool exists to be broken by fork()
     x = torch.randn(3, 4, dtype=torch.float64)
@@ -70,7 +70,7 @@ def _warm_up() -> None:
     np.random.seed(0)  # the child reseeds numpy's global generator before every cell and call
     io.StringIO()
     try:  # 09's real weights: 90 MB every 09 child would otherwise read again
-        from autograder.drivers.bert import _checkpoint
+        from autograder.runtime.drivers.bert import _checkpoint
 
         _checkpoint()
     except ImportError:  # the weights package is not installed: 09 says so when graded
@@ -89,11 +89,11 @@ def _warm_up() -> None:
 
 
 def serve(fd: int) -> None:
-    import autograder.child  # noqa: F401  (the preload: torch, numpy, safetensors)
-    from autograder import sandbox
+    import autograder.sandbox.child  # noqa: F401  (the preload: torch, numpy, safetensors)
+    from autograder.sandbox import confine
 
     # Before anything else: this server and every child it forks have no network.
-    network_isolated = sandbox.isolate_network()
+    network_isolated = confine.isolate_network()
     _warm_up()
     # Everything imported so far lives as long as the server: a child's garbage collections
     # skip it, instead of walking (and copying, page by page) the whole inherited heap.

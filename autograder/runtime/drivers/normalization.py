@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from autograder.drivers import require
+from autograder.runtime.drivers import require
 
 STEPS = ("train", "train", "train", "eval")  # the modes of batchnorm_train_then_eval's calls
 

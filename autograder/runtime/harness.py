@@ -169,7 +169,7 @@ def invoke(
     watch: Any = None,
 ) -> Any:
     """Call a graded function, build, load and run a graded module, or run the graded
-    name's driver (``autograder.drivers``) on ``namespace``, on ``data``.
+    name's driver (``autograder.runtime.drivers``) on ``namespace``, on ``data``.
 
     ``watch`` (a context manager: the forbidden-call detector) is active around what
     computes the graded result: the whole function or driver call, a module's forward.
@@ -182,7 +182,7 @@ def invoke(
         with watch:
             return obj(*args, **kwargs)
     if kind == "driver":
-        from autograder.drivers import resolve
+        from autograder.runtime.drivers import resolve
 
         if driver is None or namespace is None:
             raise ValueError("a driver call needs the driver and a namespace")
@@ -283,7 +283,7 @@ def run_call(
     """Call ``namespace[name]`` on ``data``: (status, info, returned items as plain tensors).
 
     Status is one of ok, missing, not_callable, not_implemented, type_error, error,
-    forbidden, bad_return; ``autograder.check`` turns it into a message.
+    forbidden, bad_return; ``autograder.runtime.check`` turns it into a message.
     """
     if name not in namespace:
         return "missing", {}, []

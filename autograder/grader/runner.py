@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from autograder import sandbox, wire
+from autograder.runtime import wire
+from autograder.sandbox import confine
 
 # What the grader accepts from the children of one submission. Every byte a child sends is
 # read (or the child is cut off), but only these amounts are ever held, whatever it sends.
@@ -131,10 +132,10 @@ class ForkServer:
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])
         code = (
             f"import sys; sys.path.insert(0, {root!r}); "
-            f"from autograder.forkserver import serve; serve({theirs.fileno()})"
+            f"from autograder.sandbox.forkserver import serve; serve({theirs.fileno()})"
         )
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -548,7 +549,7 @@ def run_submission(
     hidden_inputs: bytes = b"",
 ) -> RunReport:
     """Run one submission's code and calls in children; return what they produced.
-    ``parts``: the same submission's earlier stages this one loads (``autograder.parts``).
+    ``parts``: the same submission's earlier stages this one loads (``autograder.runtime.parts``).
     ``inputs`` hold the public calls' case data, ``hidden_inputs`` the hidden calls'
     (safetensors files): the child gets the second only after the public calls."""
     t0 = time.monotonic()
@@ -568,7 +569,7 @@ def run_submission(
     deferred = False
     try:
         tmp = job_end.enter_context(tempfile.TemporaryDirectory(prefix="bertlab-job-"))
-        uid = job_end.enter_context(sandbox.lease_uid())
+        uid = job_end.enter_context(confine.lease_uid())
         job = Path(tmp)
         (job / "work").mkdir()
         os.chmod(job, 0o711)  # the child's unprivileged uid may pass through to its work dir
@@ -629,7 +630,7 @@ def run_submission(
                         code = exits.get(timeout=30).get("exit")
                     finally:
                         if uid is not None:  # whatever detached from the group still has the job's uid
-                            sandbox.kill_uid(uid)
+                            confine.kill_uid(uid)
             if watch.finished:
                 last_exit = exits  # its exit and the final sweep are awaited in the background
                 break

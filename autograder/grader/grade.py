@@ -23,12 +23,7 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
-from autograder.check import Expectation, check_case, failure_message
-from autograder.harness import invoke, split_outputs
-from autograder.load import LoadError, Source, find_stage_file, load_source
-from autograder.parts import Cells
-from autograder.results import CaseResult, StageResult, SubmissionResult, TestResult
-from autograder.runner import (
+from autograder.grader.runner import (
     MIN_RETURN_BYTES,
     CallOutcome,
     ForkServer,
@@ -38,8 +33,14 @@ from autograder.runner import (
     encode_inputs,
     run_submission,
 )
-from autograder.spec import CaseData, Graded, StageSpec, Test, build_case, tolerance_for
+from autograder.runtime.check import Expectation, check_case, failure_message
+from autograder.runtime.compare import tolerance_for
+from autograder.runtime.harness import invoke, split_outputs
+from autograder.runtime.load import LoadError, Source, find_stage_file, load_source
+from autograder.runtime.parts import Cells
+from autograder.runtime.results import CaseResult, StageResult, SubmissionResult, TestResult
 from autograder.stages import load_spec, requires
+from autograder.stages.spec import CaseData, Graded, StageSpec, Test, build_case
 
 
 def _data_dict(data: CaseData) -> dict[str, Any]:

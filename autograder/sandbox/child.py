@@ -1,6 +1,6 @@
 """The untrusted side: run one submission's cells, then the planned calls.
 
-A child is forked from the fork server (autograder/forkserver.py) once per submission
+A child is forked from the fork server (autograder/sandbox/forkserver.py) once per submission
 (and again after a hang or crash, resuming where it stopped). It reads a plan (JSON) and
 case inputs (safetensors) from its job directory, executes the student's code in one
 namespace as a kernel would, and calls each graded name. It reports progress as JSON lines
@@ -27,8 +27,10 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from autograder import drivers, parts, sandbox, wire
-from autograder.harness import KernelGuard, _describe, run_call
+import autograder.parts  # noqa: F401  (the name student code imports: loaded before confinement)
+from autograder.runtime import drivers, parts, wire
+from autograder.runtime.harness import KernelGuard, _describe, run_call
+from autograder.sandbox import confine
 
 drivers.import_all()  # in the fork server: a confined child can no longer read their files
 
@@ -216,7 +218,7 @@ def main(job_dir: str, event_fd: int, control_fd: int | None = None) -> int:
     work = job / "work"
     # Everything the child needs is read: from here on it can reach nothing else.
     started = time.perf_counter()
-    layers, failed = sandbox.confine(work, resume.get("uid"), sandbox.Budget(**plan.get("budget", {})))
+    layers, failed = confine.confine(work, resume.get("uid"), confine.Budget(**plan.get("budget", {})))
     emit(e="sandbox", layers=layers, failed=failed, ms=round(1000 * (time.perf_counter() - started), 3))
     os.chdir(work)
     sys.argv = [plan["module_name"]]

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from autograder.drivers import require
+from autograder.runtime.drivers import require
 
 
 def toy_loss(a: np.ndarray, b: np.ndarray, vocab: int, d: int):

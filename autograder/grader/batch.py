@@ -142,7 +142,7 @@ def _names(names: list[str], shown: int = 5) -> str:
 
 
 def _holds_stages(folder: Path) -> bool:
-    from autograder.load import LoadError, find_stage_file
+    from autograder.runtime.load import LoadError, find_stage_file
     from autograder.stages import stage_ids
 
     for s in stage_ids():
@@ -156,7 +156,7 @@ def _holds_stages(folder: Path) -> bool:
 
 def fingerprint(submission: Path, stage: str) -> str:
     """The stage's file and those of the earlier stages it runs: what its grade depends on."""
-    from autograder.load import MAX_FILE_BYTES, LoadError, find_stage_file
+    from autograder.runtime.load import MAX_FILE_BYTES, LoadError, find_stage_file
     from autograder.stages import requires
 
     digest = hashlib.sha256()
@@ -476,8 +476,8 @@ def run(
     ``dry_run``: grade and compare, store nothing (``book`` may be read-only)."""
     import torch
 
-    from autograder.grade import Grader
-    from autograder.runner import Limits
+    from autograder.grader.grade import Grader
+    from autograder.grader.runner import Limits
 
     done = {} if regrade else book.done()
     todo = [u for u in units if done.get((u.student, u.stage)) != u.fingerprint]
@@ -573,7 +573,7 @@ def _settle(
 def _failed(grader: Any, unit: Unit, exc: BaseException, *, storing: bool) -> tuple[dict[str, Any], Failure]:
     """The error row of a ``unit`` that could not be graded (or its grade ``storing``):
     scoring 0, its tests all there, failed, with the reason; the next run grades it again."""
-    from autograder.grade import score_stage
+    from autograder.grader.grade import score_stage
 
     why = _printable(f"{type(exc).__name__}: {exc}")
     doing = "store the grade of" if storing else "grade"

@@ -20,9 +20,9 @@ import safetensors
 import safetensors.torch
 import torch
 
-from autograder.compare import matches
-from autograder.grade import StagePlan
-from autograder.spec import StageSpec, Tolerance
+from autograder.grader.grade import StagePlan
+from autograder.runtime.compare import Tolerance, matches
+from autograder.stages.spec import StageSpec
 
 FORMAT = 1
 Data = tuple[dict[str, torch.Tensor], dict[str, str]]

@@ -15,36 +15,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-
-@dataclass(frozen=True)
-class Tolerance:
-    """A value passes when |got - expected| <= atol + rtol * |expected| elementwise."""
-
-    rtol: float
-    atol: float
-
-
-# Two correct programs that differ only in the order of floating-point operations (einsum
-# vs matmul, max-subtraction before or after masking) differ by a few ulps times the
-# length of the reductions; these bounds leave room for that and nothing more. Every
-# misconception of every stage differs from the reference by far more (tests prove it).
-DEFAULT_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
-    torch.float64: Tolerance(rtol=1e-9, atol=1e-11),
-    torch.float32: Tolerance(rtol=1e-4, atol=1e-5),
-    torch.float16: Tolerance(rtol=1e-2, atol=1e-3),
-    torch.bfloat16: Tolerance(rtol=2e-2, atol=1e-2),
-}
-# CUDA reductions split work differently from the CPU's; float32 gets a little more room.
-CUDA_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
-    torch.float32: Tolerance(rtol=2e-4, atol=2e-5),
-}
-
-
-def tolerance_for(dtype: torch.dtype, device: str = "cpu") -> Tolerance:
-    """The documented tolerance for results of ``dtype`` computed on ``device``."""
-    if device.startswith("cuda") and dtype in CUDA_TOLERANCES:
-        return CUDA_TOLERANCES[dtype]
-    return DEFAULT_TOLERANCES.get(dtype, Tolerance(rtol=0.0, atol=0.0))
+# the spec's vocabulary for tolerances; they live with the comparison that applies them
+from autograder.runtime.compare import CUDA_TOLERANCES, DEFAULT_TOLERANCES, Tolerance, tolerance_for  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -122,10 +94,10 @@ class Graded:
     graded_region: Callable[[CaseData], tuple[Tensor | None, ...]] | None = None
     # Outputs must be on the inputs' device; off for names that take no tensor.
     check_device: bool = True
-    # kind="driver": "module:function" in autograder/drivers/, a small program that
+    # kind="driver": "module:function" in autograder/runtime/drivers/, a small program that
     # exercises the graded name (and others of the student's namespace) when one call
     # cannot: a backward pass on the student's own forward cache, state updated in place,
-    # build-load-run. See autograder/drivers/__init__.py.
+    # build-load-run. See autograder/runtime/drivers/__init__.py.
     driver: str | None = None
     # A tolerance that depends on the case (e.g. on the size of an angle) instead of the
     # dtype's default: (case data, dtype, device) -> Tolerance.
@@ -152,7 +124,7 @@ class StageSpec:
     graded: tuple[Graded, ...]
     misconceptions: Mapping[str, str]  # id -> hint shown to the student
     call_timeout_s: float = 5.0  # per call of a graded name; cases take milliseconds
-    # Earlier stages whose student code this one runs (``autograder.parts.load_stage``):
+    # Earlier stages whose student code this one runs (``autograder.runtime.parts.load_stage``):
     # the grader hands the same submission's files to the child and, when this stage
     # fails, says which of them fail too.
     uses: tuple[str, ...] = ()

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from autograder import wire
-from autograder.drivers import require, watches_itself
+from autograder.runtime import wire
+from autograder.runtime.drivers import require, watches_itself
 
 
 def minilm_dir() -> Path:

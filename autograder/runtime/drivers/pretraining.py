@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from autograder.drivers import require
+from autograder.runtime.drivers import require
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 RNG_DRAWS = 4  # draws read from the rng after your call, to compare its state
@@ -28,7 +28,7 @@ RNG_DRAWS = 4  # draws read from the rng after your call, to compare its state
 @functools.cache
 def real_vocab() -> tuple[str, ...]:
     """The WordPiece vocabulary of BERT-base uncased (all-MiniLM-L6-v2's vocab.txt), in id order."""
-    from autograder.drivers.bert import minilm_dir
+    from autograder.runtime.drivers.bert import minilm_dir
 
     with open(minilm_dir() / "vocab.txt", encoding="utf-8") as f:
         return tuple(line.strip() for line in f if line.strip())

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from autograder.report import escape
-from autograder.results import CaseResult, KeptArrays, StageResult, SubmissionResult, TestResult
+from autograder.grader.report import escape
+from autograder.runtime.results import CaseResult, KeptArrays, StageResult, SubmissionResult, TestResult
 
 if TYPE_CHECKING:  # numpy loads when a picture is drawn, not with the CLI
     import numpy as np
@@ -206,7 +206,7 @@ def _anchor(stage: str) -> str:
 def _hints(stage: str) -> Mapping[str, str]:
     """The spec's hints and those of the mistakes named in every stage (a hidden test's
     cases carry no hint in their messages)."""
-    from autograder.check import all_hints
+    from autograder.runtime.check import all_hints
     from autograder.stages import load_spec
 
     try:
@@ -339,7 +339,7 @@ def render_html(
     """The whole page: what the student may see (``visibility.for_students``), or with
     ``show_hidden`` everything (an instructor's page). ``pictures`` maps (stage, test
     number, case label) to an image URI; default: drawn from the result's kept arrays."""
-    from autograder.visibility import for_students
+    from autograder.grader.visibility import for_students
 
     if not show_hidden:
         result = for_students(result)
@@ -424,7 +424,7 @@ def command(
 ) -> None:
     """Grade SUBMISSIONS and write each student an HTML page: per test the message, the
     named mistake with its hint, and heatmaps of wrong tensors against the expected ones."""
-    from autograder.cli import _warn_if_exposed, console, err, safe_name
+    from autograder.grader.cli import _warn_if_exposed, console, err, safe_name
     from autograder.stages import stage_ids, stages_for
 
     for s in submissions:
@@ -439,8 +439,8 @@ def command(
     if len(set(names)) != len(names):
         err.print("error: two submissions share a name; their pages would overwrite each other")
         raise typer.Exit(2)
-    from autograder.grade import Grader
-    from autograder.runner import Limits
+    from autograder.grader.grade import Grader
+    from autograder.grader.runner import Limits
 
     _warn_if_exposed()
     try:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from autograder.results import CaseResult, StageResult, SubmissionResult, TestResult
+from autograder.runtime.results import CaseResult, StageResult, SubmissionResult, TestResult
 
 HIDDEN_NOTE = (
     "The inputs, errors and messages of hidden cases are not shown. Run the self-check of "
@@ -51,7 +51,7 @@ def hidden_summary(t: TestResult, hints: Mapping[str, str]) -> str:
 def _hints(stage: str) -> Mapping[str, str]:
     """The hints a hidden test may show: the stage spec's, and the mistakes named in every
     stage (``check.GENERIC_MISCONCEPTIONS``), whose text is ours as much as a spec's is."""
-    from autograder.check import all_hints
+    from autograder.runtime.check import all_hints
     from autograder.stages import load_spec
 
     try:

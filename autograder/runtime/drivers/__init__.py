@@ -1,7 +1,7 @@
 """Drivers: small programs that exercise a graded name when one call cannot grade it.
 
 A graded name with ``kind="driver"`` and ``driver="normalization:batchnorm_steps"`` is
-graded by ``autograder.drivers.normalization.batchnorm_steps(ns, data, device)``:
+graded by ``autograder.runtime.drivers.normalization.batchnorm_steps(ns, data, device)``:
 
 - ``ns`` maps names to objects. In the grading child and the self-check it is the
   student's namespace; in the parent it is the stage's reference names, with a
@@ -41,7 +41,7 @@ def watches_itself(driver: Driver) -> Driver:
 
 
 def resolve(path: str) -> Driver:
-    """``"module:function"`` -> the driver function in ``autograder.drivers.module``."""
+    """``"module:function"`` -> the driver function in ``autograder.runtime.drivers.module``."""
     module, _, function = path.partition(":")
     if not module.isidentifier() or not function.isidentifier():
         raise ValueError(f"not a driver path: {path!r} (expected 'module:function')")

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from autograder.compare import compare, matches
-from autograder.results import CaseResult, KeptArrays
-from autograder.spec import Tolerance, tolerance_for
+from autograder.runtime.compare import Tolerance, compare, matches, tolerance_for
+from autograder.runtime.results import CaseResult, KeptArrays
 
 Item = tuple[str, Tensor | None, Mapping[str, str]]  # (kind, plain tensor, facts) per output
 

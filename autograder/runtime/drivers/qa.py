@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from autograder.drivers import require
+from autograder.runtime.drivers import require
 
 
 def _number(value: Any, what: str, k: int) -> float:

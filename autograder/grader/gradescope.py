@@ -38,14 +38,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from autograder.report import write_json
+from autograder.grader.report import write_json
 
 if TYPE_CHECKING:
-    from autograder.results import SubmissionResult
+    from autograder.runtime.results import SubmissionResult
 
 ROOT_ENV = "BERTLAB_AUTOGRADER_ROOT"
 CONFIG = "bertlab-gradescope.json"
-PROJECT = Path(__file__).resolve().parent.parent
+PROJECT = Path(__file__).resolve().parents[2]
 DEFAULT_ZIP = Path("build/gradescope/autograder.zip")
 # the project files the runtime install needs (scripts/install.sh reads them)
 INSTALL_FILES = ("requirements.txt", "requirements-nodeps.txt", "pyproject.toml", "README.md")
@@ -83,7 +83,7 @@ py="${BERTLAB_PYTHON:-$source_dir/.venv/bin/python}"
 results="$root/results/results.json"
 mkdir -p "$root/results"
 cd "$source_dir" || exit 1
-if ! "$py" -m autograder.gradescope run --root "$root"; then
+if ! "$py" -m autograder.grader.gradescope run --root "$root"; then
     # Python itself could not write one (it failed to start, or was killed)
     echo "bertlab: the grader exited abnormally; writing a failed results.json"
     rm -f "$results"
@@ -183,7 +183,7 @@ def failure_results(max_score: float, seconds: float, stages: list[str] | None =
 def locate_submission(folder: Path, stages: list[str]) -> Path:
     """The folder holding the stage files: the upload itself, or (breadth first) the
     folder a student zipped. Links are not followed; macOS' ``__MACOSX`` is skipped."""
-    from autograder.load import LoadError, find_stage_file
+    from autograder.runtime.load import LoadError, find_stage_file
 
     def holds(d: Path) -> bool:
         for s in stages:
@@ -211,8 +211,8 @@ def locate_submission(folder: Path, stages: list[str]) -> Path:
 def student_view(result: SubmissionResult) -> dict[str, Any]:
     """``report.to_gradescope`` of what the student may see (``visibility.for_students``),
     every test visible and tagged hidden or public."""
-    from autograder.report import to_gradescope
-    from autograder.visibility import for_students
+    from autograder.grader.report import to_gradescope
+    from autograder.grader.visibility import for_students
 
     data = to_gradescope(for_students(result))
     flat = [t for s in result.stages for t in s.tests]
@@ -244,8 +244,8 @@ def run(root: Path) -> int:
         unknown = sorted(set(stages) - set(stage_ids()))
         if unknown:  # checked before torch loads: a zip out of step with its code fails fast
             raise ValueError(f"{CONFIG} names stages this code does not have: {', '.join(unknown)}")
-        from autograder.grade import Grader
-        from autograder.report import test_table, to_gradescope
+        from autograder.grader.grade import Grader
+        from autograder.grader.report import test_table, to_gradescope
 
         submission = locate_submission(root / "submission", stages)
         with Grader(device=config.get("device", "cpu")) as grader:
@@ -280,10 +280,10 @@ def run(root: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m autograder.gradescope run [--root ROOT]`` (what ``run_autograder`` calls)."""
+    """``python -m autograder.grader.gradescope run [--root ROOT]`` (what ``run_autograder`` calls)."""
     root = Path(os.environ.get(ROOT_ENV, "/autograder"))
     if argv[:1] != ["run"]:
-        print("usage: python -m autograder.gradescope run [--root ROOT]", file=sys.stderr)
+        print("usage: python -m autograder.grader.gradescope run [--root ROOT]", file=sys.stderr)
         return 2
     if "--root" in argv:
         root = Path(argv[argv.index("--root") + 1])

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from autograder.drivers import Driver, require
+from autograder.runtime.drivers import Driver, require
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 

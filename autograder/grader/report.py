@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from autograder.results import SubmissionResult
+from autograder.runtime.results import SubmissionResult
 
 # C0 and C1 controls (terminal escapes among them) and lone surrogates, which cannot be
 # written as UTF-8; newline and tab stay.
@@ -91,7 +91,7 @@ def to_gradescope(result: SubmissionResult) -> dict[str, Any]:
 def write_results(result: SubmissionResult, path: Path, show_hidden: bool = False) -> None:
     """The results file of one submission: what its student may see
     (``visibility.for_students``), or everything with ``show_hidden`` (instructors)."""
-    from autograder.visibility import for_students
+    from autograder.grader.visibility import for_students
 
     write_json(to_gradescope(result if show_hidden else for_students(result)), path)
 

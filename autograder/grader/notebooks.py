@@ -11,10 +11,10 @@ from pathlib import Path
 
 import nbformat
 
-from autograder import public
+from autograder.grader import public
 from autograder.stages import load_spec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config(root: Path, release: str):

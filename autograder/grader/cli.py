@@ -77,9 +77,9 @@ def grade(
     if len(set(names)) != len(names) and results_dir is not None:
         err.print("error: two submissions share a name; their results would overwrite each other")
         raise typer.Exit(2)
-    from autograder.grade import Grader
-    from autograder.report import class_table, print_notes, test_table, write_results
-    from autograder.runner import Limits
+    from autograder.grader.grade import Grader
+    from autograder.grader.report import class_table, print_notes, test_table, write_results
+    from autograder.grader.runner import Limits
 
     _warn_if_exposed()
     try:
@@ -182,7 +182,7 @@ def batch(
     from rich.table import Table
     from rich.text import Text
 
-    from autograder import batch as b
+    from autograder.grader import batch as b
     from autograder.stages import stage_ids
 
     if not class_dir.is_dir():
@@ -331,7 +331,7 @@ def merge(
     csv: Annotated[Path | None, typer.Option(help="Also export the merged gradebook as CSV.")] = None,
 ) -> None:
     """Combine shard gradebooks (idempotent: merging one twice changes nothing)."""
-    from autograder.batch import Gradebook
+    from autograder.grader.batch import Gradebook
 
     for s in shards:
         if not s.is_file():
@@ -356,8 +356,8 @@ def nbgrader_export(
 ) -> None:
     """Write the grades into nbgrader's gradebook (auto scores per grade cell; manual
     grades are kept), for formgrader and `nbgrader export`."""
-    from autograder.batch import Gradebook
-    from autograder.nbgrader_export import export
+    from autograder.grader.batch import Gradebook
+    from autograder.grader.nbgrader_export import export
 
     if not gradebook.is_file():
         err.print(f"error: {gradebook} does not exist")
@@ -373,7 +373,7 @@ def generate(
     check: Annotated[bool, typer.Option(help="Only check that generated files are up to date.")] = False,
 ) -> None:
     """Regenerate assignments/ (student notebooks) and public self-check data from solutions/ and specs."""
-    from autograder.notebooks import generate_stage
+    from autograder.grader.notebooks import generate_stage
     from autograder.stages import stage_ids
 
     stale = []
@@ -390,7 +390,7 @@ def doctor() -> None:
     """Which sandbox layers this machine offers to the child that runs student code."""
     from rich.table import Table
 
-    from autograder.sandbox import detect
+    from autograder.sandbox.confine import detect
 
     report = detect()
     table = Table(title="bertlab sandbox layers on this machine", title_justify="left")
@@ -410,7 +410,7 @@ def _warn_if_exposed() -> None:
     """Untrusted code as root without every layer deserves a loud warning, not silence."""
     import os
 
-    from autograder.sandbox import detect
+    from autograder.sandbox.confine import detect
 
     if os.geteuid() == 0:
         missing = detect().missing
@@ -435,7 +435,7 @@ def stages() -> None:
 
 def _register_feature_commands() -> None:
     """Commands whose code lives in their own module (imported when the command runs)."""
-    from autograder import feedback, gradescope, release
+    from autograder.grader import feedback, gradescope, release
 
     app.command("feedback")(feedback.command)
     app.command("release")(release.command)
