@@ -2,52 +2,47 @@
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+
+from autograder.grader import feedback, gradescope, release
+from autograder.grader.options import (
+    SUBMISSION_S,
+    CallTimeout,
+    Device,
+    Stages,
+    Submissions,
+    SubmissionTimeout,
+    check_stages,
+    check_submissions,
+    console,
+    err,
+    open_grader,
+    safe_name,
+    usage_error,
+    warn_if_exposed,
+)
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="bertlab: grade Transformer/BERT exercises."
 )
-# Logs and CI are not terminals: rich would fall back to 80 columns and fold every row.
-console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True)
-
-
-def safe_name(student: str) -> str:
-    """A directory name that stays inside --results-dir, whatever the submission was called."""
-    name = re.sub(r"[^A-Za-z0-9._-]", "_", student)[:100]
-    return name if name.strip(".") else "_" + name.replace(".", "_")
 
 
 @app.command()
 def grade(
-    submissions: Annotated[
-        list[Path],
-        typer.Argument(help="Directories holding NN_stage.ipynb/.py files, or such files."),
-    ],
-    stage: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--stage",
-            "-s",
-            help="Stage id(s) to grade (a missing file scores 0); default: the stages each submission holds.",
-        ),
-    ] = None,
+    submissions: Submissions,
+    stage: Stages = None,
     results: Annotated[Path | None, typer.Option(help="results.json to write (one submission).")] = None,
     results_dir: Annotated[
         Path | None, typer.Option(help="Write DIR/<student>/results.json per submission.")
     ] = None,
-    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
-    call_timeout: Annotated[float | None, typer.Option(help="Seconds per call of a graded name.")] = None,
-    submission_timeout: Annotated[
-        float, typer.Option(help="Seconds for everything of one submission.")
-    ] = 120.0,
+    device: Device = "cpu",
+    call_timeout: CallTimeout = None,
+    submission_timeout: SubmissionTimeout = SUBMISSION_S,
     show_hidden: Annotated[
         bool,
         typer.Option(
@@ -59,34 +54,14 @@ def grade(
 ) -> None:
     """Grade SUBMISSIONS against the hidden reference. Exit 0 whenever grading completed.
     Results files hold what the student may see; the table printed here shows everything."""
-    from autograder.stages import stage_ids, stages_for  # instant: usage errors come before torch loads
-
-    for s in submissions:
-        if not (s.exists() or s.is_symlink()):
-            err.print(f"error: {s} does not exist")
-            raise typer.Exit(2)
+    check_submissions(submissions, "results" if results_dir is not None else None)
     if results is not None and len(submissions) != 1:
-        err.print("error: --results takes one submission; use --results-dir for several")
-        raise typer.Exit(2)
-    known = stage_ids()
-    for s in stage or []:
-        if s not in known:
-            err.print(f"error: unknown stage {s!r}; known stages: {', '.join(known)}")
-            raise typer.Exit(2)
-    names = [safe_name(s.name if s.is_dir() else s.stem) for s in submissions]
-    if len(set(names)) != len(names) and results_dir is not None:
-        err.print("error: two submissions share a name; their results would overwrite each other")
-        raise typer.Exit(2)
-    from autograder.grader.grade import Grader
+        raise usage_error("--results takes one submission; use --results-dir for several")
+    check_stages(stage)
     from autograder.grader.report import class_table, print_notes, test_table, write_results
-    from autograder.grader.runner import Limits
+    from autograder.stages import stages_for
 
-    _warn_if_exposed()
-    try:
-        grader = Grader(device=device, limits=Limits(call_s=call_timeout, submission_s=submission_timeout))
-    except ValueError as exc:
-        err.print(f"error: {exc}")
-        raise typer.Exit(2) from None
+    grader = open_grader(device, call_timeout, submission_timeout)
     graded = []
     with grader:
         for sub in submissions:
@@ -113,8 +88,7 @@ def _shard(value: str | None) -> tuple[int, int] | None:
     except ValueError:
         k = n = 0
     if not 1 <= k <= n:
-        err.print(f"error: --shard takes K/N with 1 <= K <= N, e.g. 2/8; got {value!r}")
-        raise typer.Exit(2)
+        raise usage_error(f"--shard takes K/N with 1 <= K <= N, e.g. 2/8; got {value!r}")
     return k, n
 
 
@@ -123,10 +97,7 @@ def batch(
     class_dir: Annotated[
         Path, typer.Argument(help="nbgrader's CLASS/submitted/<student>/<stage>/ or CLASS/<student>/.")
     ],
-    stage: Annotated[
-        list[str] | None,
-        typer.Option("--stage", "-s", help="Stage id(s); default: the stages each student holds."),
-    ] = None,
+    stage: Stages = None,
     layout: Annotated[
         str,
         typer.Option(
@@ -168,9 +139,9 @@ def batch(
         str | None, typer.Option(help="K/N: grade only the K-th of N slices of the students (job arrays).")
     ] = None,
     csv: Annotated[Path | None, typer.Option(help="Also export the gradebook as CSV.")] = None,
-    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
-    call_timeout: Annotated[float | None, typer.Option(help="Seconds per call of a graded name.")] = None,
-    submission_timeout: Annotated[float, typer.Option(help="Seconds for one student's stage.")] = 120.0,
+    device: Device = "cpu",
+    call_timeout: CallTimeout = None,
+    submission_timeout: SubmissionTimeout = SUBMISSION_S,
 ) -> None:
     """Grade every student x stage of CLASS_DIR into a resumable gradebook: a killed batch,
     run again, grades only what is missing (or whose code changed). With --regrade or
@@ -183,18 +154,12 @@ def batch(
     from rich.text import Text
 
     from autograder.grader import batch as b
-    from autograder.stages import stage_ids
 
     if not class_dir.is_dir():
-        err.print(f"error: {class_dir} is not a directory")
-        raise typer.Exit(2)
-    for s in stage or []:
-        if s not in stage_ids():
-            err.print(f"error: unknown stage {s!r}; known stages: {', '.join(stage_ids())}")
-            raise typer.Exit(2)
+        raise usage_error(f"{class_dir} is not a directory")
+    check_stages(stage)
     if dry_run and csv is not None:
-        err.print("error: --csv exports the gradebook, which --dry-run leaves as it is; use --diff-csv")
-        raise typer.Exit(2)
+        raise usage_error("--csv exports the gradebook, which --dry-run leaves as it is; use --diff-csv")
     sliced = _shard(shard)
     if db is None:
         db = Path("bertlab-gradebook" + (f".shard-{sliced[0]}-of-{sliced[1]}" if sliced else "") + ".sqlite")
@@ -204,7 +169,7 @@ def batch(
     except b.LayoutError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False)
         raise typer.Exit(2) from None
-    _warn_if_exposed()
+    warn_if_exposed()
     students = len({u.student for u in units})
     console.print(f"{students} students, {len(units)} student×stage grades; gradebook {db}")
     if dry_run:
@@ -335,8 +300,7 @@ def merge(
 
     for s in shards:
         if not s.is_file():
-            err.print(f"error: {s} does not exist")
-            raise typer.Exit(2)
+            raise usage_error(f"{s} does not exist")
     with Gradebook(into) as book:
         changed = sum(book.merge(s) for s in shards)
         total = len(book.rows())
@@ -360,8 +324,7 @@ def nbgrader_export(
     from autograder.grader.nbgrader_export import export
 
     if not gradebook.is_file():
-        err.print(f"error: {gradebook} does not exist")
-        raise typer.Exit(2)
+        raise usage_error(f"{gradebook} does not exist")
     with Gradebook(gradebook) as book:
         written = export(book.rows(), to)
     console.print(f"wrote {written} grades into {to}")
@@ -406,22 +369,6 @@ def doctor() -> None:
         console.print("all layers active")
 
 
-def _warn_if_exposed() -> None:
-    """Untrusted code as root without every layer deserves a loud warning, not silence."""
-    import os
-
-    from autograder.sandbox.confine import detect
-
-    if os.geteuid() == 0:
-        missing = detect().missing
-        if missing:
-            err.print(
-                "[bold red]WARNING[/bold red]: grading untrusted code as root without: "
-                f"{', '.join(missing)}. "
-                "Run `python -m autograder doctor` for details."
-            )
-
-
 @app.command()
 def stages() -> None:
     """List the stages, their graded names and points."""
@@ -433,16 +380,10 @@ def stages() -> None:
             console.print(f"  task {g.task}: {g.signature}  ({g.max_score:g} points)")
 
 
-def _register_feature_commands() -> None:
-    """Commands whose code lives in their own module (imported when the command runs)."""
-    from autograder.grader import feedback, gradescope, release
-
-    app.command("feedback")(feedback.command)
-    app.command("release")(release.command)
-    app.command("gradescope-zip")(gradescope.command)
-
-
-_register_feature_commands()
+# commands whose code lives in their own module
+app.command("feedback")(feedback.command)
+app.command("release")(release.command)
+app.command("gradescope-zip")(gradescope.command)
 
 
 def main() -> None:

@@ -21,6 +21,19 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from autograder.grader.options import (
+    SUBMISSION_S,
+    CallTimeout,
+    Device,
+    Stages,
+    Submissions,
+    SubmissionTimeout,
+    check_stages,
+    check_submissions,
+    console,
+    open_grader,
+    safe_name,
+)
 from autograder.grader.report import escape
 from autograder.runtime.results import CaseResult, KeptArrays, StageResult, SubmissionResult, TestResult
 
@@ -403,20 +416,12 @@ def write_html(
 
 
 def command(
-    submissions: Annotated[
-        list[Path],
-        typer.Argument(help="Directories holding NN_stage.ipynb/.py files, or such files."),
-    ],
+    submissions: Submissions,
     out: Annotated[Path, typer.Option("--out", "-o", help="Write OUT/<student>/feedback.html.")],
-    stage: Annotated[
-        list[str] | None,
-        typer.Option("--stage", "-s", help="Stage id(s); default: the stages each submission holds."),
-    ] = None,
-    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
-    call_timeout: Annotated[float | None, typer.Option(help="Seconds per call of a graded name.")] = None,
-    submission_timeout: Annotated[
-        float, typer.Option(help="Seconds for everything of one submission.")
-    ] = 120.0,
+    stage: Stages = None,
+    device: Device = "cpu",
+    call_timeout: CallTimeout = None,
+    submission_timeout: SubmissionTimeout = SUBMISSION_S,
     show_hidden: Annotated[
         bool,
         typer.Option("--show-hidden", help="Instructors' pages: hidden cases in full (never for students)."),
@@ -424,35 +429,12 @@ def command(
 ) -> None:
     """Grade SUBMISSIONS and write each student an HTML page: per test the message, the
     named mistake with its hint, and heatmaps of wrong tensors against the expected ones."""
-    from autograder.grader.cli import _warn_if_exposed, console, err, safe_name
-    from autograder.stages import stage_ids, stages_for
+    check_submissions(submissions)
+    check_stages(stage)
+    check_submissions(submissions, "pages")
+    from autograder.stages import stages_for
 
-    for s in submissions:
-        if not (s.exists() or s.is_symlink()):
-            err.print(f"error: {s} does not exist")
-            raise typer.Exit(2)
-    for s in stage or []:
-        if s not in stage_ids():
-            err.print(f"error: unknown stage {s!r}; known stages: {', '.join(stage_ids())}")
-            raise typer.Exit(2)
-    names = [safe_name(s.name if s.is_dir() else s.stem) for s in submissions]
-    if len(set(names)) != len(names):
-        err.print("error: two submissions share a name; their pages would overwrite each other")
-        raise typer.Exit(2)
-    from autograder.grader.grade import Grader
-    from autograder.grader.runner import Limits
-
-    _warn_if_exposed()
-    try:
-        grader = Grader(
-            device=device,
-            limits=Limits(call_s=call_timeout, submission_s=submission_timeout),
-            keep_arrays=True,
-        )
-    except ValueError as exc:
-        err.print(f"error: {exc}")
-        raise typer.Exit(2) from None
-    with grader:
+    with open_grader(device, call_timeout, submission_timeout, keep_arrays=True) as grader:
         for sub in submissions:
             r = grader.grade(sub, stages_for(sub, stage))
             page = write_html(r, out / safe_name(r.student) / "feedback.html", show_hidden=show_hidden)

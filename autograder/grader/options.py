@@ -1,0 +1,108 @@
+"""What every command of the CLI shares: its consoles, the options of grading, and the
+checks a grading command makes before torch loads (usage errors exit 2 at once).
+
+``cli`` and the commands that live in their own modules (``feedback``, ``gradescope``,
+``release``) all take these from here, so an option is declared once and no command
+module imports ``cli``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+
+if TYPE_CHECKING:  # torch loads with the grader, not with the CLI
+    from autograder.grader.grade import Grader
+
+# Logs and CI are not terminals: rich would fall back to 80 columns and fold every row.
+console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+Submissions = Annotated[
+    list[Path], typer.Argument(help="Directories holding NN_stage.ipynb/.py files, or such files.")
+]
+Stages = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--stage",
+        "-s",
+        help="Stage id(s) to grade (a missing file scores 0); default: the stages each submission holds.",
+    ),
+]
+Device = Annotated[str, typer.Option(help="cpu, cuda or auto.")]
+CallTimeout = Annotated[float | None, typer.Option(help="Seconds per call of a graded name.")]
+SubmissionTimeout = Annotated[float, typer.Option(help="Seconds for one stage of one submission.")]
+SUBMISSION_S = 120.0  # SubmissionTimeout's default (runner.Limits')
+
+
+def safe_name(student: str) -> str:
+    """A directory name that stays inside an output directory, whatever the submission was called."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", student)[:100]
+    return name if name.strip(".") else "_" + name.replace(".", "_")
+
+
+def usage_error(message: str) -> typer.Exit:
+    """Say what is wrong with the command line; ``raise`` the result (exit 2)."""
+    err.print(f"error: {message}")
+    return typer.Exit(2)
+
+
+def check_stages(stages: list[str] | None) -> None:
+    """Every stage asked for exists."""
+    from autograder.stages import stage_ids  # instant: usage errors come before torch loads
+
+    known = stage_ids()
+    for s in stages or []:
+        if s not in known:
+            raise usage_error(f"unknown stage {s!r}; known stages: {', '.join(known)}")
+
+
+def check_submissions(submissions: list[Path], outputs: str | None = None) -> None:
+    """Every submission exists; with ``outputs`` (what each one's files are called), no two
+    share a name, since their outputs would overwrite each other."""
+    for s in submissions:
+        if not (s.exists() or s.is_symlink()):
+            raise usage_error(f"{s} does not exist")
+    names = [safe_name(s.name if s.is_dir() else s.stem) for s in submissions]
+    if outputs is not None and len(set(names)) != len(names):
+        raise usage_error(f"two submissions share a name; their {outputs} would overwrite each other")
+
+
+def open_grader(
+    device: str, call_timeout: float | None, submission_timeout: float, keep_arrays: bool = False
+) -> Grader:
+    """The ``Grader`` a command asks for (a device that is not there exits 2), after the
+    warning that untrusted code runs exposed, if it does."""
+    from autograder.grader.grade import Grader
+    from autograder.grader.runner import Limits
+
+    warn_if_exposed()
+    try:
+        return Grader(
+            device=device,
+            limits=Limits(call_s=call_timeout, submission_s=submission_timeout),
+            keep_arrays=keep_arrays,
+        )
+    except ValueError as exc:
+        raise usage_error(str(exc)) from None
+
+
+def warn_if_exposed() -> None:
+    """Untrusted code as root without every layer deserves a loud warning, not silence."""
+    import os
+
+    from autograder.sandbox.confine import detect
+
+    if os.geteuid() == 0:
+        missing = detect().missing
+        if missing:
+            err.print(
+                "[bold red]WARNING[/bold red]: grading untrusted code as root without: "
+                f"{', '.join(missing)}. "
+                "Run `python -m autograder doctor` for details."
+            )
