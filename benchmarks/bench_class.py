@@ -97,7 +97,7 @@ class Pools:
 
     @classmethod
     def load(cls) -> Pools:
-        from autograder.runtime.load import find_stage_file
+        from autograder.runtime.submission import Submission
         from autograder.stages import stage_ids
 
         correct: dict[str, list[tuple[str, Path]]] = {}
@@ -105,13 +105,13 @@ class Pools:
         for stage in stage_ids():
             correct[stage] = [("solution", SOLUTIONS / stage / f"{stage}.ipynb")]
             for s in CORRECT_EXAMPLES:
-                f = find_stage_file(EXAMPLES / s, stage)
+                f = Submission(EXAMPLES / s).file(stage)
                 if f is not None:
                     correct[stage].append((s, f))
             expected = json.loads((EXPECTED / f"{stage}.json").read_text())["students"]
             mistakes[stage] = []
             for s, e in sorted(expected.items()):
-                if e["misconceptions"] and (f := find_stage_file(EXAMPLES / s, stage)) is not None:
+                if e["misconceptions"] and (f := Submission(EXAMPLES / s).file(stage)) is not None:
                     mistakes[stage].append((s, f))
         return cls(correct, mistakes)
 
@@ -121,7 +121,7 @@ def build_class(root: Path, n: int, seed: int) -> dict[tuple[str, str], str]:
     broken, hanging)."""
     import nbformat
 
-    from autograder.runtime.load import find_stage_file
+    from autograder.runtime.submission import Submission
     from autograder.stages import load_spec, stage_ids
 
     rng = random.Random(seed)
@@ -148,7 +148,7 @@ def build_class(root: Path, n: int, seed: int) -> dict[tuple[str, str], str]:
                 nbs[stage] = _notebook(f)
                 kind = f"mistake:{origin}"
                 for dep in load_spec(stage).uses:  # that student's own earlier stages, if any
-                    if (d := find_stage_file(EXAMPLES / origin, dep)) is not None and kinds.get(
+                    if (d := Submission(EXAMPLES / origin).file(dep)) is not None and kinds.get(
                         (student, dep)
                     ) != "hanging":
                         nbs[dep] = _notebook(d)
@@ -156,7 +156,7 @@ def build_class(root: Path, n: int, seed: int) -> dict[tuple[str, str], str]:
             elif kind == "broken":
                 nbs[stage] = _broken(solution_nbs[stage], rng)
             else:
-                nbs[stage] = _notebook(find_stage_file(EXAMPLES / HANGING[0], HANGING[1]))
+                nbs[stage] = _notebook(Submission(EXAMPLES / HANGING[0]).file(HANGING[1]))
             kinds[(student, stage)] = kind
         for stage, nb in nbs.items():
             nbformat.write(nb, folder / f"{stage}.ipynb")

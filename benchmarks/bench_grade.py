@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     from autograder.grader.grade import Grader
     from autograder.grader.runner import Limits
-    from autograder.runtime.load import find_stage_file
+    from autograder.runtime.submission import Submission
 
     import_s = time.perf_counter() - t0  # torch + the grader, in this process
     stage = args.stage
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = {s.name: Row(s.name if s.is_dir() else s.stem, None) for s in subs}
     files: dict[str, Path | None] = {}
     for s in subs:
-        f = find_stage_file(s, stage)
+        f = Submission(s).file(stage)
         files[s.name] = f
         rows[s.name].file = None if f is None else f.suffix.lstrip(".")
         if f is None:

@@ -72,12 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from autograder.grader.feedback import write_html
     from autograder.grader.grade import Grader
-    from autograder.stages import stages_for
+    from autograder.runtime.submission import Submission
+    from autograder.stages import stage_ids
 
     with Grader(keep_arrays=True) as grader:
         for student in args.students:
             submission = CLASS / student
-            result = grader.grade(submission, stages_for(submission, args.stage))
+            result = grader.grade(submission, Submission(submission).stages(stage_ids(), args.stage))
             page = write_html(result, args.out / student / "feedback.html")
             png = screenshot(page, page.with_suffix(".png"))
             print(f"{student}: {result.score:g}/{result.max_score:g} -> {page} -> {png}")

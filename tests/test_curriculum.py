@@ -23,7 +23,7 @@ from torch import nn
 
 from autograder.grader.report import to_gradescope
 from autograder.runtime import results
-from autograder.runtime.harness import ForbiddenCallDetector
+from autograder.runtime.detector import ForbiddenCallDetector
 from autograder.stages import all_specs, requires, stage_ids
 from autograder.stages.spec import Graded, StageSpec
 from tests.support import ROOT

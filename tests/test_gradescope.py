@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder.grader.gradescope import CONFIG, build_zip, locate_submission
+from autograder.grader.gradescope import CONFIG, build_zip
+from autograder.runtime.submission import Submission
 from tests.support import ROOT, assert_gradescope_results
 
 STAGE = "01_attention"
@@ -268,9 +269,9 @@ def test_locate_submission_finds_the_zipped_folder(tmp_path):
     (sub / "__MACOSX" / "hw").mkdir(parents=True)
     (sub / "__MACOSX" / "hw" / f"{STAGE}.py").write_text("")
     (sub / "hw" / "deeper").mkdir(parents=True)
-    assert locate_submission(sub, [STAGE]) == sub  # nothing anywhere: the upload itself
+    assert Submission.upload(sub, [STAGE]).path == sub  # nothing anywhere: the upload itself
     (sub / "hw" / STAGE).mkdir()
     (sub / "hw" / STAGE / f"{STAGE}.py").write_text("")  # nbgrader's stage folder, zipped
-    assert locate_submission(sub, [STAGE]) == sub / "hw"
+    assert Submission.upload(sub, [STAGE]).path == sub / "hw"
     (sub / f"{STAGE}.ipynb").write_text("{}")
-    assert locate_submission(sub, [STAGE]) == sub
+    assert Submission.upload(sub, [STAGE]).path == sub

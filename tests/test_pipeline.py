@@ -303,7 +303,7 @@ def test_the_detector_leaves_torch_dynamo_unimported():
     import (1-2 s, 70 MB). It still names what it catches."""
     code = (
         "import sys, torch\n"
-        "from autograder.runtime.harness import ForbiddenCallDetector\n"
+        "from autograder.runtime.detector import ForbiddenCallDetector\n"
         "with ForbiddenCallDetector(('aten::_softmax', 'torch.nn.functional.softmax')) as d:\n"
         "    torch.softmax(torch.zeros(2), 0)\n"
         "print(d.found, 'torch._dynamo' in sys.modules)\n"

@@ -163,7 +163,7 @@ def test_outputs_returned_in_another_order_are_named_in_every_stage(stage):
                 if j < k:
                     assert result.misconceptions == [SWAPPED], where
                     assert "your outputs are the expected ones in another order" in result.message, where
-                    assert f"likely mistake [{SWAPPED}]: {GENERIC_MISCONCEPTIONS[SWAPPED]}" in result.message
+                    assert f"likely mistake [{SWAPPED}]: {GENERIC_MISCONCEPTIONS[SWAPPED]}" in result.text
                     detected[pc.graded.name] = detected.get(pc.graded.name, 0) + 1
                 else:  # an output the driver computes: its place is no return order
                     assert SWAPPED not in result.misconceptions, where
@@ -201,7 +201,7 @@ def test_outputs_in_another_dtype_are_named_in_every_stage(stage):
                 result = _check(stage, pc, [u if k == i else o for k, o in enumerate(outputs)])
                 where = (pc.graded.name, pc.label, pc.graded.outputs[i], u.dtype, result.message)
                 assert not result.passed and result.misconceptions == [mid], where
-                assert f"likely mistake [{mid}]: {GENERIC_MISCONCEPTIONS[mid]}" in result.message
+                assert f"likely mistake [{mid}]: {GENERIC_MISCONCEPTIONS[mid]}" in result.text
                 tried[mid] += 1
         floats = [o.float() if o.dtype == torch.float64 else o for o in outputs]
         if any(o.dtype == torch.float64 for o in outputs):  # `.float()` on everything returned
@@ -279,7 +279,7 @@ def test_reference_outputs_pass_with_nothing_named(stage):
     for pc in _cases(stage):
         result = _check(stage, pc, pc.expectation.values)
         assert result.passed and result.misconceptions == [], (pc.graded.name, pc.label, result.message)
-        assert "likely mistake" not in result.message
+        assert "likely mistake" not in result.text
 
 
 @pytest.mark.parametrize("stage", stage_ids())
@@ -460,14 +460,14 @@ def test_the_notebook_self_check_names_it_with_the_graders_message(graded, mid):
     assert f"likely mistake [{mid}]: {GENERIC_MISCONCEPTIONS[mid]}" in str(report)
     # the grader's message for the same public case, word for word
     graded_cases = {
-        (t.group, c.label): c.message
+        (t.group, c.label): c.text
         for t in result.stages[0].tests
         if not t.hidden and t.function == fn.__name__
         for c in t.cases
     }
     for g in report.groups:
         for c in g.cases:
-            assert graded_cases[(g.group, c.label)] == c.message
+            assert graded_cases[(g.group, c.label)] == c.text
 
 
 def test_the_numpy_self_check_names_float32_arrays_and_swapped_gradients():

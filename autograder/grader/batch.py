@@ -142,37 +142,10 @@ def _names(names: list[str], shown: int = 5) -> str:
 
 
 def _holds_stages(folder: Path) -> bool:
-    from autograder.runtime.load import LoadError, find_stage_file
+    from autograder.runtime.submission import Submission
     from autograder.stages import stage_ids
 
-    for s in stage_ids():
-        try:
-            if find_stage_file(folder, s) is not None:
-                return True
-        except LoadError:
-            return True
-    return False
-
-
-def fingerprint(submission: Path, stage: str) -> str:
-    """The stage's file and those of the earlier stages it runs: what its grade depends on."""
-    from autograder.runtime.load import MAX_FILE_BYTES, LoadError, find_stage_file
-    from autograder.stages import requires
-
-    digest = hashlib.sha256()
-    for s in [stage, *requires(stage)]:
-        try:
-            path = find_stage_file(submission, s)
-        except LoadError:
-            path = None
-        digest.update(s.encode() + b"\0")
-        if path is not None and path.is_file() and not path.is_symlink():
-            size = path.stat().st_size
-            # the loader refuses a larger file whatever it holds, so its grade depends on its
-            # size alone; reading it would let one (sparse) file exhaust this process's memory
-            digest.update(path.read_bytes() if size <= MAX_FILE_BYTES else f"{size} bytes".encode())
-        digest.update(b"\0")
-    return digest.hexdigest()
+    return any(Submission(folder).holds(s) for s in stage_ids())
 
 
 def in_shard(student: str, shard: tuple[int, int] | None) -> bool:
@@ -196,15 +169,18 @@ def discover(
 
     ``layout``: ``auto``, ``flat`` or ``nbgrader`` (``layout_of``; ``LayoutError`` when it is
     ambiguous). A student folder left out is said in ``skipped``, one line each."""
-    from autograder.stages import stages_for
+    from autograder.runtime.submission import Submission
+    from autograder.stages import requires, stage_ids
 
     skipped = [] if skipped is None else skipped
     root = class_dir / "submitted" if layout_of(class_dir, layout) == "nbgrader" else class_dir
     units = []
     for folder in _student_folders(root, shard, skipped):
         try:
+            sub = Submission(folder)
             units += [
-                Unit(folder.name, s, folder, fingerprint(folder, s)) for s in stages_for(folder, stages)
+                Unit(folder.name, s, folder, sub.fingerprint([s, *requires(s)]))
+                for s in sub.stages(stage_ids(), stages)
             ]
         except Exception as exc:  # an unreadable folder costs its student only
             skipped.append(f"{folder.name!r} cannot be read: {_printable(f'{type(exc).__name__}: {exc}')}")
@@ -422,7 +398,12 @@ def _grade_student(grader: Any, units: list[Unit]) -> list[tuple[Unit, dict[str,
 
 
 def _row(stage: Any) -> dict[str, Any]:
-    return {**dataclasses.asdict(stage), "score": stage.score, "max_score": stage.max_score}
+    """A ``StageResult`` as its gradebook row's JSON: its fields, its scores, and each test's
+    text as results.json shows it (what an instructor reads in the database)."""
+    row = {**dataclasses.asdict(stage), "score": stage.score, "max_score": stage.max_score}
+    for stored, t in zip(row["tests"], stage.tests, strict=True):
+        stored["output"] = t.output
+    return row
 
 
 @dataclass(frozen=True)

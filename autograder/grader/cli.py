@@ -59,13 +59,14 @@ def grade(
         raise usage_error("--results takes one submission; use --results-dir for several")
     check_stages(stage)
     from autograder.grader.report import class_table, print_notes, test_table, write_results
-    from autograder.stages import stages_for
+    from autograder.runtime.submission import Submission
+    from autograder.stages import stage_ids
 
     grader = open_grader(device, call_timeout, submission_timeout)
     graded = []
     with grader:
         for sub in submissions:
-            r = grader.grade(sub, stages_for(sub, stage))
+            r = grader.grade(sub, Submission(sub).stages(stage_ids(), stage))
             graded.append(r)
             if results is not None:
                 write_results(r, results, show_hidden)

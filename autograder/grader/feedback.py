@@ -42,7 +42,6 @@ if TYPE_CHECKING:  # numpy loads when a picture is drawn, not with the CLI
 
 # (stage id, test number, case label): the key of one case's picture
 CaseKey = tuple[str, str, str]
-HINT_MARK = "\n    likely mistake ["  # how check_case appends a named mistake to a message
 
 
 def _t(text: str, limit: int = 4000) -> str:
@@ -216,45 +215,14 @@ def _anchor(stage: str) -> str:
     return "stage-" + "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in stage)
 
 
-def _hints(stage: str) -> Mapping[str, str]:
-    """The spec's hints and those of the mistakes named in every stage (a hidden test's
-    cases carry no hint in their messages)."""
-    from autograder.runtime.check import all_hints
-    from autograder.stages import load_spec
-
-    try:
-        return all_hints(load_spec(stage).misconceptions)
-    except (ImportError, KeyError, ValueError):  # an unknown stage id: its cases carry the hints
-        return all_hints({})
-
-
-def _split(message: str) -> tuple[str, dict[str, str]]:
-    """A case message without its "likely mistake [id]: hint" lines, and those hints."""
-    head, *named = message.split(HINT_MARK)
-    hints = {}
-    for line in named:
-        mid, _, hint = line.partition("]: ")
-        hints[mid] = hint.strip()
-    return head, hints
-
-
-def _extra(t: TestResult) -> str:
-    """What the test's output says beyond its summary line and its case lines: a load
-    failure, a forbidden call, an earlier stage to fix first."""
-    lines = "\n".join(f"{'✓' if c.passed else '✗'} {c.label}: {c.message}" for c in t.cases)
-    first, _, rest = t.output.partition("\n")
-    return rest.replace(lines, "", 1).strip()
-
-
 def _case(
     stage: str, t: TestResult, c: CaseResult, pictures: Mapping[CaseKey, str], folded: bool = False
 ) -> str:
-    message, _ = _split(c.message)
     state = "pass" if c.passed else "fail"
     out = [
         f'<li class="{state}"><span class="mark">{"✓" if c.passed else "✗"}</span>'
         f"<code>{_t(c.label, 300)}</code>",
-        f'<pre class="msg">{_t(message)}</pre>',
+        f'<pre class="msg">{_t(c.message)}</pre>',
     ]
     picture = pictures.get((stage, t.number, c.label))
     if picture is not None:
@@ -271,25 +239,24 @@ def _case(
     return "\n".join(out)
 
 
-def _test(stage: str, t: TestResult, hints: Mapping[str, str], pictures: Mapping[CaseKey, str]) -> str:
+def _test(stage: str, t: TestResult, pictures: Mapping[CaseKey, str]) -> str:
     state = "pass" if t.passed else "fail"
-    summary = t.output.partition("\n")[0]
     parts = [
         f'<article class="test {state}" id="test-{_t(t.number)}">',
         f'<div class="head">{_badge(t.score, t.max_score)}<h3>{_t(t.function)} '
         f'<span class="muted">· {_t(t.group)}</span></h3>'
         + ('<span class="tag">hidden test</span>' if t.hidden else "")
         + "</div>",
-        f'<div class="muted">{_t(summary, 300)}</div>',
+        f'<div class="muted">{_t(t.summary, 300)}</div>',
     ]
-    extra = _extra(t)
+    # a load failure, a forbidden call, an earlier stage to fix first (and of a hidden
+    # test, its named mistakes and where to see its cases' messages)
+    extra = "\n".join([*t.remarks, *t.summary_notes])
     if extra:
         parts.append(f'<div class="callout problem"><pre>{_t(extra)}</pre></div>')
-    named: dict[str, str] = {}
-    for c in t.cases:
-        named |= {k: v for k, v in _split(c.message)[1].items() if v}
+    hints = t.hints
     for mid in t.misconceptions:
-        hint = hints.get(mid) or named.get(mid, "")
+        hint = hints.get(mid, "")
         parts.append(
             f'<div class="callout hint"><strong>Likely mistake: {_t(mid, 200)}</strong>'
             f"<p>{_t(hint, 2000)}</p></div>"
@@ -318,7 +285,6 @@ def _test(stage: str, t: TestResult, hints: Mapping[str, str], pictures: Mapping
 
 
 def _stage(s: StageResult, pictures: Mapping[CaseKey, str]) -> str:
-    hints = _hints(s.stage)
     file = f"graded file: <code>{_t(s.file, 300)}</code>" if s.file else "no file graded"
     parts = [
         f'<section class="stage" id="{_anchor(s.stage)}">',
@@ -341,7 +307,7 @@ def _stage(s: StageResult, pictures: Mapping[CaseKey, str]) -> str:
             '<div class="callout problem"><strong>After it received hidden inputs '
             f"(instructors only)</strong><ul>{items}</ul>{printed}</div>"
         )
-    parts += [_test(s.stage, t, hints, pictures) for t in s.tests]
+    parts += [_test(s.stage, t, pictures) for t in s.tests]
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -432,10 +398,11 @@ def command(
     check_submissions(submissions)
     check_stages(stage)
     check_submissions(submissions, "pages")
-    from autograder.stages import stages_for
+    from autograder.runtime.submission import Submission
+    from autograder.stages import stage_ids
 
     with open_grader(device, call_timeout, submission_timeout, keep_arrays=True) as grader:
         for sub in submissions:
-            r = grader.grade(sub, stages_for(sub, stage))
+            r = grader.grade(sub, Submission(sub).stages(stage_ids(), stage))
             page = write_html(r, out / safe_name(r.student) / "feedback.html", show_hidden=show_hidden)
             console.print(f"{escape(r.student, 80)}: {r.score:g} / {r.max_score:g} → {page}", markup=False)

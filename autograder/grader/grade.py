@@ -36,9 +36,10 @@ from autograder.grader.runner import (
 from autograder.runtime.check import Expectation, check_case, failure_message
 from autograder.runtime.compare import tolerance_for
 from autograder.runtime.harness import invoke, split_outputs
-from autograder.runtime.load import LoadError, Source, find_stage_file, load_source
+from autograder.runtime.load import LoadError, Source, load_source
 from autograder.runtime.parts import Cells
 from autograder.runtime.results import CaseResult, StageResult, SubmissionResult, TestResult
+from autograder.runtime.submission import Submission
 from autograder.stages import load_spec, requires
 from autograder.stages.spec import CaseData, Graded, StageSpec, Test, build_case
 
@@ -250,16 +251,6 @@ def _lost_names(spec: StageSpec, source: Source, report: RunReport) -> dict[str,
     return lost
 
 
-def _test_output(test: Test, cases: list[CaseResult], score: float, headline: str | None) -> str:
-    passed = sum(c.passed for c in cases)
-    lines = [f"{passed}/{len(cases)} cases passed; {score:g}/{test.points:g} points."]
-    if headline:
-        lines.append(headline)
-    for c in cases:
-        lines.append(f"{'✓' if c.passed else '✗'} {c.label}: {c.message}")
-    return "\n".join(lines)
-
-
 def score_stage(
     plan: StagePlan,
     file: str | None,
@@ -335,8 +326,7 @@ def score_stage(
                     hidden=test.hidden,
                     cases=results,
                     misconceptions=mistakes,
-                    output=_test_output(test, results, score, failure or forbidden.get(graded.name)),
-                    remarks=[r for r in (failure or forbidden.get(graded.name),) if r],
+                    headline=failure or forbidden.get(graded.name),
                 )
             )
     return StageResult(spec.id, file, tests, notes, stdout, list(private_notes or ()), private_stdout)
@@ -413,8 +403,9 @@ class Grader:
 
     def _grade_stage(self, submission: Path, stage: str) -> StageResult:
         plan = self.plan(stage)
+        handed_in = Submission(submission)
         try:
-            path = find_stage_file(submission, stage)
+            path = handed_in.file(stage)
         except LoadError as exc:
             return score_stage(plan, None, None, [str(exc)], failure=str(exc))
         if path is None:
@@ -435,7 +426,7 @@ class Grader:
             cell_s=self.limits.cell_s,
             submission_s=self.limits.submission_s,
         )
-        parts, part_notes = self._parts(submission, path, plan.spec)
+        parts, part_notes = self._parts(handed_in, path, plan.spec)
         report = run_submission(
             self.server,
             source.cells,
@@ -459,20 +450,16 @@ class Grader:
             private_stdout=report.private_stdout,
         )
 
-    def _parts(self, submission: Path, path: Path, spec: StageSpec) -> tuple[dict[str, Cells], list[str]]:
+    def _parts(
+        self, submission: Submission, path: Path, spec: StageSpec
+    ) -> tuple[dict[str, Cells], list[str]]:
         """The submission's own files of the stages ``spec`` builds on (and theirs, in turn)."""
-        folder = submission if submission.is_dir() else path.parent
-        # a stage's own folder (student/02_multihead/) was handed in: its siblings are the
-        # student's other stages, as `load_stage` finds them in Jupyter (../01_attention/)
-        student = folder.parent if folder.name == spec.id else folder
         parts: dict[str, Cells] = {}
         notes: list[str] = []
         for stage in requires(spec.id):
             try:
-                dep = find_stage_file(folder, stage)
-                if dep is None and student != folder:
-                    dep = find_stage_file(student, stage)
-                if dep is None or dep == path:
+                dep = submission.earlier(stage, path, of=spec.id)
+                if dep is None:
                     notes.append(f"this stage uses your {stage}, which is not in the submission")
                     continue
                 parts[stage] = load_source(dep, stage).cells
@@ -489,7 +476,7 @@ class Grader:
         t0 = time.monotonic()
         results = [self.grade_stage(submission, s) for s in stages]
         self._blame_earlier_stages(submission, results)
-        name = student or (submission.name if submission.is_dir() else submission.stem)
+        name = student or Submission(submission).name
         return SubmissionResult(name, results, time.monotonic() - t0)
 
     def _blame_earlier_stages(self, submission: Path, results: list[StageResult]) -> None:
@@ -516,5 +503,4 @@ class Grader:
                 r.notes.insert(0, note)
                 for t in r.tests:
                     if t.score < t.max_score:
-                        t.output += "\n" + note
-                        t.remarks.append(note)
+                        t.blame.append(note)

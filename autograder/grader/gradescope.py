@@ -180,34 +180,6 @@ def failure_results(max_score: float, seconds: float, stages: list[str] | None =
     }
 
 
-def locate_submission(folder: Path, stages: list[str]) -> Path:
-    """The folder holding the stage files: the upload itself, or (breadth first) the
-    folder a student zipped. Links are not followed; macOS' ``__MACOSX`` is skipped."""
-    from autograder.runtime.load import LoadError, find_stage_file
-
-    def holds(d: Path) -> bool:
-        for s in stages:
-            try:
-                if find_stage_file(d, s) is not None:
-                    return True
-            except LoadError:
-                return True  # graded there, so the student reads why it cannot be
-        return False
-
-    level = [folder]
-    for _ in range(4):
-        for d in level:
-            if holds(d):
-                return d
-        level = [
-            sub
-            for d in level
-            for sub in sorted(d.iterdir())
-            if sub.is_dir() and not sub.is_symlink() and not sub.name.startswith((".", "__MACOSX"))
-        ]
-    return folder
-
-
 def student_view(result: SubmissionResult) -> dict[str, Any]:
     """``report.to_gradescope`` of what the student may see (``visibility.for_students``),
     every test visible and tagged hidden or public."""
@@ -246,8 +218,9 @@ def run(root: Path) -> int:
             raise ValueError(f"{CONFIG} names stages this code does not have: {', '.join(unknown)}")
         from autograder.grader.grade import Grader
         from autograder.grader.report import test_table, to_gradescope
+        from autograder.runtime.submission import Submission
 
-        submission = locate_submission(root / "submission", stages)
+        submission = Submission.upload(root / "submission", stages).path
         with Grader(device=config.get("device", "cpu")) as grader:
             result = grader.grade(submission, stages, student=_student_name(root))
         data = student_view(result)

@@ -22,9 +22,10 @@ import torch
 
 from autograder.grader.grade import StagePlan
 from autograder.runtime.compare import Tolerance, matches
+from autograder.runtime.harness import CallSpec
+from autograder.runtime.selfcheck import FORMAT
 from autograder.stages.spec import StageSpec
 
-FORMAT = 1
 Data = tuple[dict[str, torch.Tensor], dict[str, str]]
 # e{case}.{output} expected values, v{case}.{variant}.{output} a known mistake's outputs
 _OUTPUT_KEY = re.compile(r"^(?:e(\d+)|v(\d+)\.\d+)\.(\d+)$")
@@ -54,11 +55,9 @@ def build(spec: StageSpec) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
             variants.append(mid)
         cases.append(
             {
-                "index": pc.index,
-                "name": pc.graded.name,
+                **CallSpec.to_json(calls[pc.index]),  # the call, as the grading child's plan holds it
                 "group": pc.test.group,
                 "label": pc.label,
-                "data": calls[pc.index].data,
                 "rtol": e.tolerance.rtol,
                 "atol": e.tolerance.atol,
                 "check_device": e.device is not None,
@@ -70,11 +69,7 @@ def build(spec: StageSpec) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         g.name: {
             "task": g.task,
             "signature": g.signature,
-            "outputs": list(g.outputs),
             "returns": list(g.returns_per_output()),
-            "kind": g.kind,
-            "driver": g.driver,
-            "forbidden": list(g.forbidden),
             "hidden_groups": [t.group for t in g.tests if t.hidden],
         }
         for g in spec.graded

@@ -76,7 +76,7 @@ def runtime_files() -> dict[str, Path]:
     return found
 
 
-def _imports(path: Path, module: str) -> set[str]:
+def imports(path: Path, module: str) -> set[str]:
     """Every module ``path`` imports, at top level or inside functions, resolved to full names."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     names: set[str] = set()
@@ -99,7 +99,7 @@ def check_runtime(files: dict[str, Path]) -> None:
     """Every first-party import of a shipped module is shipped, and no secret one is."""
     problems = []
     for module, path in files.items():
-        for name in sorted(_imports(path, module)):
+        for name in sorted(imports(path, module)):
             top = name.split(".")[0]
             if any(name == s or name.startswith(s + ".") for s in SECRET_MODULES):
                 problems.append(f"{module} imports {name}, which must not reach students")

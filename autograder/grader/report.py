@@ -147,7 +147,7 @@ def test_table(result: SubmissionResult) -> Table:
     for stage in result.stages:
         for t in stage.tests:
             first = next((c for c in t.cases if not c.passed), None)
-            msg = "passed" if first is None else f"{first.label}: {first.message}"
+            msg = "passed" if first is None else f"{first.label}: {first.text}"
             style = "green" if t.passed else ("yellow" if t.score > 0 else "red")
             table.add_row(t.name, Text(f"{t.score:g}/{t.max_score:g}", style=style), Text(escape(msg, 300)))
     return table

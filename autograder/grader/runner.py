@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from autograder.runtime import wire
+from autograder.runtime.harness import CallSpec
 from autograder.sandbox import confine
 
 # What the grader accepts from the children of one submission. Every byte a child sends is
@@ -62,31 +63,13 @@ class Limits:
     submission_s: float = 120.0  # everything for one submission
 
 
-@dataclass
-class Planned:
-    """One call the child must make: graded name, protocol, and the encoded case data."""
+@dataclass(frozen=True)
+class Planned(CallSpec):
+    """One call the child must make (its ``CallSpec``, all the child ever reads of it), and
+    what only the parent knows of it."""
 
-    index: int
-    name: str
-    kind: str
-    outputs: tuple[str, ...]
-    forbidden: tuple[str, ...]
-    data: dict[str, Any]  # wire skeletons of args/kwargs/init/state
-    driver: str | None = None
     hidden: bool = False  # a hidden case: its inputs reach the child after every public call
     max_return_bytes: int = MIN_RETURN_BYTES  # returned values beyond this are not read
-
-    def wire(self) -> dict[str, Any]:
-        """The call as the child reads it (plan.json, or the hidden calls' file)."""
-        return {
-            "index": self.index,
-            "name": self.name,
-            "kind": self.kind,
-            "outputs": list(self.outputs),
-            "forbidden": list(self.forbidden),
-            "data": self.data,
-            "driver": self.driver,
-        }
 
 
 @dataclass
@@ -577,7 +560,7 @@ def run_submission(
             "module_name": module_name,
             "device": device,
             "cells": cells,
-            "calls": [c.wire() for c in calls if not c.hidden],
+            "calls": [c.to_json() for c in calls if not c.hidden],
             "hidden": len(hidden),
             "parts": parts or {},
         }
@@ -732,7 +715,7 @@ def finish_outcomes(calls: list[Planned], outcomes: dict[int, CallOutcome], stop
 def _write_hidden(path: Path, calls: list[Planned], inputs: bytes) -> None:
     """The hidden calls and their inputs, into the file the child already holds open:
     an 8-byte length, the calls as JSON, then the inputs' safetensors bytes."""
-    head = json.dumps([c.wire() for c in calls]).encode()
+    head = json.dumps([c.to_json() for c in calls]).encode()
     with open(path, "r+b") as f:
         f.write(len(head).to_bytes(8, "little") + head + inputs)
 

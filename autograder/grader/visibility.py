@@ -7,7 +7,8 @@ for students all render ``for_students(result)``, never the result itself. The r
   calls ran before the submission received any hidden input (``runner.run_submission``
   gives the child the hidden inputs only after every public call has its outcome), so
   nothing in it can carry one.
-- A **hidden** test shows its score, how many of its cases passed, and the named mistakes
+- A **hidden** test becomes ``redacted`` (every renderer then shows it as a summary): its
+  score, how many of its cases passed, the grader's own remarks, and the named mistakes
   with their hints (trusted text: the stage spec's, or ours for the mistakes named in every
   stage, ``check.GENERIC_MISCONCEPTIONS``). Not its cases' labels or shapes, not
   an error message, not a value: they are derived from hidden inputs or expected values, or
@@ -27,25 +28,10 @@ from collections.abc import Mapping
 
 from autograder.runtime.results import CaseResult, StageResult, SubmissionResult, TestResult
 
-HIDDEN_NOTE = (
-    "The inputs, errors and messages of hidden cases are not shown. Run the self-check of "
-    "`{function}` in your notebook: its public cases show each message in full."
-)
 PRIVATE_OUTPUT_NOTE = (
     "What your code printed or raised after it received hidden inputs is not shown; "
     "run your notebook to see what it prints."
 )
-
-
-def hidden_summary(t: TestResult, hints: Mapping[str, str]) -> str:
-    """The whole student-facing text of a hidden test."""
-    passed = sum(c.passed for c in t.cases)
-    lines = [f"{passed}/{len(t.cases)} hidden cases passed; {t.score:g}/{t.max_score:g} points."]
-    lines += t.remarks
-    if not t.passed:
-        lines += [f"likely mistake [{m}]: {hints.get(m, '')}" for m in t.misconceptions]
-        lines.append(HIDDEN_NOTE.format(function=t.function))
-    return "\n".join(lines)
 
 
 def _hints(stage: str) -> Mapping[str, str]:
@@ -61,18 +47,23 @@ def _hints(stage: str) -> Mapping[str, str]:
 
 
 def _hidden_test(t: TestResult, hints: Mapping[str, str]) -> TestResult:
-    known = [m for m in t.misconceptions if m in hints]  # only ids with trusted hints
-    t = dataclasses.replace(t, misconceptions=known)
+    """A hidden test as its student may see it: placeholders for its cases, the named
+    mistakes that have trusted hints, and those hints (``TestResult.redacted``)."""
+
+    def known(ids: list[str]) -> list[str]:
+        return [m for m in ids if m in hints]
+
     cases = [
         CaseResult(
             f"hidden case {k}",
             c.passed,
             "passed" if c.passed else "failed",
-            [m for m in c.misconceptions if m in hints],
+            known(c.misconceptions),
+            {m: hints[m] for m in known(c.misconceptions)},
         )
         for k, c in enumerate(t.cases, start=1)
     ]
-    return dataclasses.replace(t, cases=cases, output=hidden_summary(t, hints))
+    return dataclasses.replace(t, cases=cases, misconceptions=known(t.misconceptions), redacted=True)
 
 
 def _stage(s: StageResult) -> StageResult:

@@ -138,6 +138,7 @@ def check_case(
         return CaseResult(label, False, failure_message(exp.name, exp.signature, status, info))
     problems: list[str] = []
     errors: list[float] = []
+    worst: tuple[float, str] | None = None  # the largest error of any output compared, and where
     got: list[Tensor | None] = []
     wrong: list[tuple[str, Tensor, Tensor, Tensor | None]] = []  # for keep
     kinds = [exp.returns] * len(exp.outputs) if isinstance(exp.returns, str) else list(exp.returns)
@@ -158,13 +159,18 @@ def check_case(
                 continue
         assert tensor is not None
         cmp = compare(tensor, want, exp.tolerance, region)
+        if cmp.max_abs is not None and (worst is None or cmp.max_abs > worst[0]):
+            at = ", ".join(str(i) for i in cmp.where or ())
+            worst = (cmp.max_abs, f"{_output_name(out_name)}[{at}]" if at else _output_name(out_name))
         if not cmp.ok:
             problems.append(prefix + cmp.message)
             wrong.append((out_name, tensor, want, region))
         elif cmp.max_abs is not None:
             errors.append(cmp.max_abs)
+    max_abs, where = worst if worst is not None else (None, None)
     if not problems:
-        return CaseResult(label, True, f"passed (max abs error {max(errors):.1e})" if errors else "passed")
+        message = f"passed (max abs error {max(errors):.1e})" if errors else "passed"
+        return CaseResult(label, True, message, max_abs=max_abs, where=where)
     found: list[str] = []
     for mid, outs in exp.variants:
         if mid in found:
@@ -182,11 +188,9 @@ def check_case(
                 f"your outputs are the expected ones in another order: you return ({', '.join(order)}), "
                 f"expected ({expected})"
             )
-    message = "; ".join(problems)
     every = all_hints(hints)
-    for mid in found:
-        message += f"\n    likely mistake [{mid}]: {every.get(mid, '')}"
-    result = CaseResult(label, False, message, found)
+    hinted = {mid: every.get(mid, "") for mid in found}
+    result = CaseResult(label, False, "; ".join(problems), found, hinted, max_abs, where)
     if keep:
         kept = (window(n, g, w, r) for n, g, w, r in wrong)
         result.arrays = tuple(k for k in kept if k is not None)

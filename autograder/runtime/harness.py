@@ -1,158 +1,72 @@
-"""Calling a graded name the way its spec says, and catching forbidden library calls.
+"""How a graded name is called: the ``CallSpec`` of one call, and the protocol that makes it.
 
-Runs wherever student code runs: in the grading child, and in the student's own kernel
-for the self-check. It imports neither the reference nor any stage spec.
+A ``CallSpec`` (name, kind, outputs, forbidden calls, the case's encoded inputs, driver)
+is what the grading child's plan lists and what the self-check data holds for each public
+case, in one JSON form (``to_json``/``from_json``). ``run_call`` makes the call the way its
+spec says (a function, a module built, loaded and run, or a driver), under the
+forbidden-call detector, and returns plain values. Runs wherever student code runs: in the
+grading child, and in the student's own kernel for the self-check. It imports neither the
+reference nor any stage spec.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fnmatch
-import functools
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from autograder.runtime import wire
+from autograder.runtime.detector import ForbiddenCallDetector
 
 
-def _api_name(func: Any) -> str:
-    """``torch.nn.functional.softmax``, ``torch.Tensor.softmax``, ``torch.softmax``..."""
-    name = getattr(func, "__name__", None) or repr(func)
-    module = getattr(func, "__module__", None)
-    qual = getattr(func, "__qualname__", name)
-    if qual.startswith(("TensorBase.", "_TensorBase.", "Tensor.")):
-        return "torch.Tensor." + name
-    if qual.startswith("_VariableFunctionsClass."):
-        return "torch." + name
-    if module in (None, "torch._C._VariableFunctions", "torch._C"):
-        return f"torch.{name}"
-    if module == "torch._C._nn":  # builtins that torch.nn.functional re-exports
-        return f"torch.nn.functional.{name}"
-    if module == "torch._C._special":
-        return f"torch.special.{name.removeprefix('special_')}"
-    return f"{module}.{qual}"
+@dataclass(frozen=True)
+class CallSpec:
+    """One call the student's code must answer: graded name, protocol, encoded case data."""
 
+    index: int  # the case's number in its stage's plan
+    name: str
+    kind: str  # function | module | driver
+    outputs: tuple[str, ...]
+    forbidden: tuple[str, ...]  # detector patterns (``aten::_softmax``, ``torch.nn.functional.*``)
+    data: dict[str, Any]  # wire skeletons of args, kwargs, init_args, init_kwargs, state
+    driver: str | None = None  # "module:function" in autograder/runtime/drivers/
 
-_MEMO_LIMIT = 20_000  # names remembered per pattern set; beyond it (hostile code) each is matched anew
-
-
-@functools.cache
-def _matcher(patterns: tuple[str, ...]) -> Any:
-    """``name -> bool``: does ``name`` match any of ``patterns`` (fnmatch, case-sensitive)?
-    A detector sees the same few hundred names thousands of times per call: each is
-    matched once per process, then looked up."""
-    regex = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)) if patterns else None
-    seen: dict[str, bool] = {}
-
-    def match(name: str) -> bool:
-        hit = seen.get(name)
-        if hit is None:
-            hit = bool(regex is not None and regex.match(name))
-            if len(seen) < _MEMO_LIMIT:
-                seen[name] = hit
-        return hit
-
-    return match
-
-
-_API_NAMES: dict[Any, str] = {}
-
-
-def _api_name_cached(func: Any) -> str:
-    try:
-        return _API_NAMES[func]
-    except KeyError:
-        name = _api_name(func)
-        if len(_API_NAMES) < _MEMO_LIMIT:
-            _API_NAMES[func] = name
-        return name
-    except TypeError:  # an unhashable callable
-        return _api_name(func)
-
-
-class _NameCalls(TorchFunctionMode):
-    """Remembers which public torch API call is running, to name it in messages."""
-
-    def __init__(self, detector: ForbiddenCallDetector) -> None:
-        super().__init__()
-        self.detector = detector
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = _api_name_cached(func)
-        self.detector._saw_api(name)
-        self.detector._api_stack.append(name)
-        try:
-            return func(*args, **(kwargs or {}))
-        finally:
-            self.detector._api_stack.pop()
-
-
-class _WatchOps(TorchDispatchMode):
-    """Sees every aten operator that actually runs, whatever alias reached it."""
+    def to_json(self) -> dict[str, Any]:
+        """The call as the child's plan and the self-check data hold it."""
+        return {
+            "index": self.index,
+            "name": self.name,
+            "kind": self.kind,
+            "outputs": list(self.outputs),
+            "forbidden": list(self.forbidden),
+            "data": self.data,
+            "driver": self.driver,
+        }
 
     @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # False: torch leaves __torch_dispatch__ as written instead of wrapping it in
-        # torch._dynamo.disable. The wrapper costs a few microseconds on every operator,
-        # and its first call imports torch._dynamo: 1-2 s and 70 MB in each process that
-        # uses the detector (the fork server, whose every fork and exit then pays for the
-        # 70 MB; the student's kernel). Nothing here runs under torch.compile.
-        return False
+    def from_json(cls, d: dict[str, Any]) -> CallSpec:
+        """The call ``to_json`` wrote (other keys beside it are ignored)."""
+        return cls(
+            d["index"],
+            d["name"],
+            d["kind"],
+            tuple(d["outputs"]),
+            tuple(d["forbidden"]),
+            d["data"],
+            d.get("driver"),
+        )
 
-    def __init__(self, detector: ForbiddenCallDetector) -> None:
-        super().__init__()
-        self.detector = detector
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.detector._saw(func._schema.name)
-        return func(*args, **(kwargs or {}))
-
-
-@dataclass
-class ForbiddenCallDetector:
-    """Context manager recording calls to operators matching ``patterns``.
-
-    Patterns ``aten::*`` match at the operator level (a TorchDispatchMode), so
-    ``torch.softmax``, ``F.softmax``, ``Tensor.softmax``, ``torch.special.softmax`` and
-    library modules that call them all land on ``aten::_softmax``. Patterns ``torch.*``
-    match public API calls seen by a TorchFunctionMode (for functions such as
-    ``F.scaled_dot_product_attention`` that decompose into ordinary operators under a
-    dispatch mode); the same mode names, in the message, the call the student made.
-    """
-
-    patterns: tuple[str, ...]
-    found: list[str] = field(default_factory=list)
-    _api_stack: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._match = _matcher(tuple(self.patterns))
-
-    def _saw_api(self, api: str) -> None:
-        if self._match(api) and api not in self.found:
-            self.found.append(api)
-
-    def _saw(self, op: str) -> None:
-        if self._match(op):
-            api = self._api_stack[0] if self._api_stack else None
-            what = f"{api} ({op})" if api else op
-            if what not in self.found and api not in self.found:
-                self.found.append(what)
-
-    def __enter__(self) -> ForbiddenCallDetector:
-        if self.patterns:
-            self._modes = [_NameCalls(self), _WatchOps(self)]
-            for m in self._modes:
-                m.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.patterns:
-            for m in reversed(self._modes):
-                m.__exit__(None, None, None)
+    def run(
+        self, namespace: dict[str, Any], tensors: dict[str, torch.Tensor], device: str
+    ) -> tuple[str, dict[str, Any], list[tuple[str, torch.Tensor | None, dict[str, str]]]]:
+        """``run_call`` on this call's inputs, decoded from ``tensors`` onto ``device``."""
+        data = {k: wire.decode(v, tensors, device) for k, v in self.data.items()}
+        return run_call(
+            namespace, self.name, self.kind, data, self.outputs, self.forbidden, device, self.driver
+        )
 
 
 class NotAModule(TypeError):
@@ -312,63 +226,3 @@ def run_call(
     except ReturnError as exc:
         return "bad_return", {"message": str(exc)}, []
     return "ok", {}, [as_plain(item) for item in items]
-
-
-@functools.cache
-def aten_op_names() -> tuple[str, ...]:
-    """Every aten operator's name (computed once, in the fork server's warm-up)."""
-    names = {
-        n.split("::", 1)[1].split(".", 1)[0]
-        for n in torch._C._dispatch_get_all_op_names()
-        if n.startswith("aten::")
-    }
-    return tuple(sorted(names))
-
-
-class ForbiddenKernel(RuntimeError):
-    """Raised by a forbidden operator while a KernelGuard is active."""
-
-
-class KernelGuard:
-    """Replaces the CPU (and CUDA) kernels of forbidden aten operators with ones that record
-    the call and raise, for as long as it is open.
-
-    The dispatch-mode detector can be evaded from inside (popping the mode, disabling
-    modes, a reference to the function taken before it was installed); the dispatcher's
-    kernel table cannot, short of re-registering kernels. Used by the grading child only,
-    once per graded name (registering costs ~2 ms).
-    """
-
-    def __init__(self, patterns: tuple[str, ...]) -> None:
-        self.found: list[str] = []
-        self._lib = None
-        ops = [p.removeprefix("aten::") for p in patterns if p.startswith("aten::")]
-        if not ops:
-            return
-        wanted = re.compile("|".join(fnmatch.translate(p) for p in ops))
-        chosen = [n for n in aten_op_names() if wanted.match(n)]
-        keys = ["CPU"] + (["CUDA"] if torch.cuda.is_available() else [])
-        import warnings
-
-        self._lib = torch.library.Library("aten", "IMPL")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
-            for name in chosen:
-                for key in keys:
-                    try:
-                        self._lib.impl(name, self._kernel(f"aten::{name}"), key)
-                    except RuntimeError:
-                        continue  # an operator with no kernel for this key
-
-    def _kernel(self, op: str):
-        def forbidden(*args: Any, **kwargs: Any) -> Any:
-            if op not in self.found:
-                self.found.append(op)
-            raise ForbiddenKernel(f"{op} is forbidden in this task")
-
-        return forbidden
-
-    def close(self) -> None:
-        if self._lib is not None:
-            self._lib._destroy()
-            self._lib = None

@@ -80,27 +80,6 @@ def _first_code_line(src: str) -> str:
     return next((line for line in lines if not line.startswith("#")), lines[0] if lines else "")
 
 
-def find_stage_file(submission: Path, stage: str) -> Path | None:
-    """``submission`` itself if it is a file, else the stage's file inside the directory.
-
-    Links are refused (here for a stage folder, in ``_open`` for the file): a submission
-    must not make the grader read the reference, a solution or another file.
-    """
-    if submission.is_file() or submission.is_symlink():
-        return submission
-    for candidate in (
-        submission / f"{stage}.ipynb",
-        submission / f"{stage}.py",
-        submission / stage / f"{stage}.ipynb",
-        submission / stage / f"{stage}.py",
-    ):
-        if candidate.exists() or candidate.is_symlink():
-            if candidate.parent != submission and candidate.parent.is_symlink():
-                raise LoadError(f"{candidate.parent.name}/ is a symbolic link; submit the folder itself")
-            return candidate
-    return None
-
-
 def _open(path: Path, max_bytes: int, too_large: LoadError) -> BinaryIO:
     """The file, opened without following a link and without blocking on a FIFO, so that
     what is checked is what is read."""

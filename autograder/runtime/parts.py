@@ -28,6 +28,8 @@ import types
 from pathlib import Path
 from typing import Any
 
+from autograder.runtime.submission import Submission
+
 Cells = list[tuple[str, str]]  # (label, Python source)
 
 _provided: dict[str, Cells] | None = None  # set in the grading child only
@@ -44,26 +46,6 @@ def provide(parts: dict[str, Cells], extra_globals: dict[str, Any] | None = None
     _loaded.clear()
 
 
-def find_stage(stage: str, where: Path | str | None = None) -> Path:
-    """The student's own file of ``stage``, beside the notebook or in ``../stage/``."""
-    here = Path(where) if where is not None else Path.cwd()
-    candidates = [
-        here / f"{stage}.ipynb",
-        here / f"{stage}.py",
-        here.parent / stage / f"{stage}.ipynb",
-        here.parent / stage / f"{stage}.py",
-        here / stage / f"{stage}.ipynb",
-        here / stage / f"{stage}.py",
-    ]
-    for path in candidates:
-        if path.is_file():
-            return path
-    raise ImportError(
-        f"cannot find your {stage} notebook: looked for {stage}.ipynb or {stage}.py in {here} "
-        f"and in {here.parent / stage}. Keep the stage folders side by side, as released."
-    )
-
-
 def load_stage(stage: str, where: Path | str | None = None) -> types.ModuleType:
     """Run your own ``stage`` notebook (or .py file) as a module and return the module."""
     if stage in _loading:
@@ -77,7 +59,7 @@ def load_stage(stage: str, where: Path | str | None = None) -> types.ModuleType:
         key: tuple[str, float | None] = (stage, None)
         cells_of = lambda: _provided[stage]  # noqa: E731
     else:
-        path = find_stage(stage, where)
+        path = Submission.beside(stage, Path(where) if where is not None else Path.cwd())
         key = (str(path.resolve()), path.stat().st_mtime)
         cells_of = lambda: _read_cells(path, stage)  # noqa: E731
     if key in _loaded:

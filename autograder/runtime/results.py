@@ -1,4 +1,14 @@
-"""What grading produced, as dataclasses; report.py turns them into files and tables."""
+"""What grading produced, as data: every output is a renderer of these dataclasses.
+
+A ``TestResult`` holds its headline, its cases (label, verdict, numbers, named mistakes
+with their hints), the earlier stages it blames and whether it is hidden; nothing is
+built as text to be parsed back. ``TestResult.output`` (results.json's text) and
+``CaseResult.text`` (the self-check's) are the plain-text renderers, kept here because the
+self-check ships with them; ``grader/report.py`` (results.json, terminal tables, the
+gradebook's rows), ``grader/feedback.py`` (HTML) and ``grader/gradescope.py`` render the
+same fields. What a student may see of a hidden test is ``grader/visibility.for_students``
+(a ``redacted`` test), decided there once for every renderer.
+"""
 
 from __future__ import annotations
 
@@ -28,16 +38,34 @@ class KeptArrays:
     col0: int = 0
 
 
+HINT_LINE = "\n    likely mistake [{id}]: {hint}"  # how a named mistake follows a case's message
+HIDDEN_NOTE = (
+    "The inputs, errors and messages of hidden cases are not shown. Run the self-check of "
+    "`{function}` in your notebook: its public cases show each message in full."
+)
+
+
 @dataclass
 class CaseResult:
     label: str
     passed: bool
-    message: str
-    misconceptions: list[str] = field(default_factory=list)
+    message: str  # the verdict in words: "passed (max abs error 2.2e-16)", or what is wrong
+    misconceptions: list[str] = field(default_factory=list)  # the mistakes it names, by id
+    # each named mistake's hint: trusted text (the stage spec's, or check.GENERIC_MISCONCEPTIONS')
+    hints: dict[str, str] = field(default_factory=dict)
+    max_abs: float | None = None  # the largest absolute error of the values compared, if any
+    where: str | None = None  # where that error is: "weights[1, 0, 2, 3]"
     # The failing outputs' values (tuple[KeptArrays, ...]), set on the instance by
     # check_case(..., keep=True) only. Deliberately not a dataclass field (no annotation):
     # dataclasses.asdict, hence the gradebook and test snapshots, never see it.
     arrays = ()
+
+    @property
+    def text(self) -> str:
+        """The message as a student reads it: a line per named mistake with its hint."""
+        return self.message + "".join(
+            HINT_LINE.format(id=m, hint=self.hints.get(m, "")) for m in self.misconceptions
+        )
 
 
 @dataclass
@@ -51,11 +79,49 @@ class TestResult:
     hidden: bool
     cases: list[CaseResult]
     misconceptions: list[str]  # ids named on any failing case
-    output: str  # student-facing text
-    # what the grader itself says of the whole test (a file it could not load, a forbidden
-    # call a public case made, an earlier stage to fix first): never derived from a hidden
-    # case, so shown with hidden tests too
-    remarks: list[str] = field(default_factory=list)
+    # What the grader itself says of the whole test, never derived from a hidden case, so
+    # shown with hidden tests too: first why no case could pass (a file it could not load,
+    # a forbidden call), then which earlier stages it runs lose points too (fix those first).
+    headline: str | None = None
+    blame: list[str] = field(default_factory=list)
+    # What a student may see of a hidden test (``visibility.for_students``): its cases are
+    # placeholders ("hidden case 1": passed or failed, the trusted hints), its text a summary.
+    redacted: bool = False
+
+    @property
+    def remarks(self) -> list[str]:
+        return [r for r in (self.headline, *self.blame) if r]
+
+    @property
+    def hints(self) -> dict[str, str]:
+        """The hint of every mistake its cases name."""
+        return {m: h for c in self.cases for m, h in c.hints.items()}
+
+    @property
+    def summary(self) -> str:
+        """Its first line: "2/3 cases passed; 6/9 points."."""
+        passed = sum(c.passed for c in self.cases)
+        cases = "hidden cases" if self.redacted else "cases"
+        return f"{passed}/{len(self.cases)} {cases} passed; {self.score:g}/{self.max_score:g} points."
+
+    @property
+    def summary_notes(self) -> list[str]:
+        """What a redacted test says beyond its summary and remarks: the named mistakes with
+        their hints and how to see the cases' messages (nothing when it passes)."""
+        if not self.redacted or self.passed:
+            return []
+        hints = self.hints
+        lines = [f"likely mistake [{m}]: {hints.get(m, '')}" for m in self.misconceptions]
+        return [*lines, HIDDEN_NOTE.format(function=self.function)]
+
+    @property
+    def output(self) -> str:
+        """Its text, as results.json and Gradescope show it: the summary, the remarks and a
+        line per case (a redacted test: the summary, remarks and named mistakes)."""
+        if self.redacted:
+            return "\n".join([self.summary, *self.remarks, *self.summary_notes])
+        cases = [f"{'✓' if c.passed else '✗'} {c.label}: {c.text}" for c in self.cases]
+        return "\n".join([self.summary, *([self.headline] if self.headline else []), *cases, *self.blame])
 
     @property
     def name(self) -> str:

@@ -24,11 +24,14 @@ from typing import Any
 import safetensors
 import torch
 
-from autograder.runtime import wire
 from autograder.runtime.check import Expectation, all_hints, check_case
 from autograder.runtime.compare import Tolerance
-from autograder.runtime.harness import run_call
+from autograder.runtime.harness import CallSpec
 from autograder.runtime.results import CaseResult
+
+# The data's layout (``grader/public.py`` writes it): 2, each case holds its call as
+# ``CallSpec.to_json`` writes it, the form the grading child's plan holds.
+FORMAT = 2
 
 
 @cache
@@ -86,7 +89,7 @@ class Report:
         for g in self.groups:
             lines.append(f"  {'✓' if g.passed else '✗'} {g.group}")
             for c in g.cases:
-                lines.append(f"      {'✓' if c.passed else '✗'} {c.label}: {c.message}")
+                lines.append(f"      {'✓' if c.passed else '✗'} {c.label}: {c.text}")
         if self.hidden_groups:
             lines.append("  The grader also runs hidden cases: " + "; ".join(self.hidden_groups) + ".")
         return "\n".join(lines)
@@ -102,7 +105,7 @@ class Report:
             for c in g.cases:
                 mark = "✓" if c.passed else "✗"
                 style = "color:#1a7f37" if c.passed else "color:#cf222e"
-                msg = html.escape(c.message).replace("\n", "<br>")
+                msg = html.escape(c.text).replace("\n", "<br>")
                 rows.append(
                     f"<tr><td style='{style}'>{mark}</td><td>{html.escape(g.group)}</td>"
                     f"<td>{html.escape(c.label)}</td><td style='text-align:left'>{msg}</td></tr>"
@@ -143,6 +146,11 @@ def check(
     """Run the public cases of the graded name ``name`` (default: ``fn.__name__``) on ``fn``."""
     path = data or find_data(stage)
     meta, tensors = _load(path, path.stat().st_mtime)
+    if meta.get("format") != FORMAT:
+        raise ValueError(
+            f"{path.name} is self-check data for another version of bertlab's self-check "
+            f"(format {meta.get('format')}, this one reads {FORMAT}): install the bundle it came with"
+        )
     name = name or getattr(fn, "__name__", None)
     if name not in meta["graded"]:
         raise KeyError(f"{name!r} is not graded in {meta['stage']}: one of {', '.join(meta['graded'])}")
@@ -154,12 +162,9 @@ def check(
     for case in meta["cases"]:
         if case["name"] != name:
             continue
-        i = case["index"]
-        call_data = {k: wire.decode(v, tensors, device) for k, v in case["data"].items()}
-        status, info, items = run_call(
-            namespace, name, g["kind"], call_data, g["outputs"], g["forbidden"], device, g.get("driver")
-        )
-        n_out = len(g["outputs"])
+        call = CallSpec.from_json(case)  # the call as the grader's child makes it
+        status, info, items = call.run(namespace, tensors, device)
+        i, n_out = call.index, len(call.outputs)
         regions = [tensors.get(f"r{i}.{k}") if case["regions"][k] else None for k in range(n_out)]
         variants = [
             (mid, [tensors[f"v{i}.{j}.{k}"] for k in range(n_out)]) for j, mid in enumerate(case["variants"])
@@ -167,7 +172,7 @@ def check(
         exp = Expectation(
             name=name,
             signature=g["signature"],
-            outputs=tuple(g["outputs"]),
+            outputs=call.outputs,
             returns=tuple(g["returns"]) if isinstance(g["returns"], list) else g["returns"],
             values=[tensors[f"e{i}.{k}"] for k in range(n_out)],
             regions=regions,

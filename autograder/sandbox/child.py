@@ -29,7 +29,8 @@ import torch
 
 import autograder.parts  # noqa: F401  (the name student code imports: loaded before confinement)
 from autograder.runtime import drivers, parts, wire
-from autograder.runtime.harness import KernelGuard, _describe, run_call
+from autograder.runtime.detector import KernelGuard
+from autograder.runtime.harness import CallSpec, _describe
 from autograder.sandbox import confine
 
 drivers.import_all()  # in the fork server: a confined child can no longer read their files
@@ -110,14 +111,9 @@ def _keep_freed_memory() -> None:
         pass
 
 
-def _run_call(
-    ns: dict[str, Any], call: dict[str, Any], tensors: dict, device: str, guard: KernelGuard
-) -> dict:
-    data = {k: wire.decode(v, tensors, device) for k, v in call["data"].items()}
+def _run_call(ns: dict[str, Any], call: CallSpec, tensors: dict, device: str, guard: KernelGuard) -> dict:
     guard.found.clear()
-    status, info, items = run_call(
-        ns, call["name"], call["kind"], data, call["outputs"], call["forbidden"], device, call.get("driver")
-    )
+    status, info, items = call.run(ns, tensors, device)
     if guard.found and status != "forbidden":
         # the dispatch-mode detector was evaded, but the kernel itself was reached
         return {
@@ -281,14 +277,13 @@ def _run_calls(
     ns: dict[str, Any], calls: list[dict[str, Any]], skip: set[int], tensors: dict, device: str, emit: Any
 ) -> None:
     guard, guarded = KernelGuard(()), None
-    for call in calls:
-        j = call["index"]
-        if j in skip:
+    for call in map(CallSpec.from_json, calls):
+        if call.index in skip:
             continue
-        if call["name"] != guarded:  # calls come grouped by name: one registration per name
+        if call.name != guarded:  # calls come grouped by name: one registration per name
             guard.close()
-            guard, guarded = KernelGuard(tuple(call["forbidden"])), call["name"]
-        emit(e="call", i=j)
-        _reseed(10_000 + j)
-        emit(e="call_end", i=j, **_run_call(ns, call, tensors, device, guard))
+            guard, guarded = KernelGuard(call.forbidden), call.name
+        emit(e="call", i=call.index)
+        _reseed(10_000 + call.index)
+        emit(e="call_end", i=call.index, **_run_call(ns, call, tensors, device, guard))
     guard.close()

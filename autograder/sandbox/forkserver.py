@@ -47,7 +47,8 @@ def _warm_up() -> None:
     import safetensors.torch
     import torch
 
-    from autograder.runtime.harness import ForbiddenCallDetector, KernelGuard, run_call
+    from autograder.runtime.detector import ForbiddenCallDetector, KernelGuard
+    from autograder.runtime.harness import run_call
 
     torch.set_num_threads(1)  # before any op: no thread pool exists to be broken by fork()
     x = torch.randn(3, 4, dtype=torch.float64)

@@ -72,25 +72,3 @@ def requires(stage: str) -> list[str]:
             found.append(s)
             todo += load_spec(s).uses
     return found
-
-
-def stages_for(submission: Path, asked: list[str] | None) -> list[str]:
-    """The stages to grade: those asked for, else those the submission holds (a submission
-    holding none is graded on all, so that each says its file is missing)."""
-    known = stage_ids()
-    if asked:
-        return asked
-    if submission.is_file() and submission.stem in known:
-        return [submission.stem]
-    if submission.is_dir():
-        from autograder.runtime.load import LoadError, find_stage_file
-
-        held = []
-        for s in known:
-            try:
-                if find_stage_file(submission, s) is not None:
-                    held.append(s)
-            except LoadError:
-                held.append(s)  # graded, so the student reads why it cannot be
-        return held or known
-    return known
