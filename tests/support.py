@@ -16,6 +16,29 @@ DEVICE = os.environ.get("BERTLAB_TEST_DEVICE", "cpu")
 CALL_S = 2.0 if DEVICE == "cpu" else 10.0
 
 
+# -- totals, from the specs (a point or a test added to a stage changes no test) -------------
+
+
+def full_marks(stage: str = "01_attention") -> dict[str, float]:
+    """Each graded name of ``stage`` with all of its points."""
+    from autograder.stages import load_spec
+
+    return {g.name: g.max_score for g in load_spec(stage).graded}
+
+
+def max_score(stage: str = "01_attention") -> float:
+    from autograder.stages import load_spec
+
+    return load_spec(stage).max_score
+
+
+def n_tests(stage: str = "01_attention") -> int:
+    """How many tests (results entries) a stage has: one per graded name and case group."""
+    from autograder.stages import load_spec
+
+    return sum(len(g.tests) for g in load_spec(stage).graded)
+
+
 def write_py(directory: Path, stage: str, code: str) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / f"{stage}.py").write_text(code)
@@ -115,25 +138,33 @@ def write_notebook(path: Path, cells: list, version: int = 4) -> Path:
 TEST_KEYS = {"name", "score", "max_score", "status", "output", "tags"}
 
 
-def assert_gradescope_results(data: dict, max_score: float | None = 17.0, n_tests: int | None = 15):
-    """``data`` (a parsed results.json) is a complete Gradescope results file."""
+STAGE01 = "01_attention"
+
+
+def assert_gradescope_results(
+    data: dict, max_points: float | None | str = STAGE01, tests: int | None | str = STAGE01
+):
+    """``data`` (a parsed results.json) is a complete Gradescope results file: of
+    ``max_points`` points in ``tests`` tests (a stage id: that stage's; None: not checked)."""
+    max_points = max_score(max_points) if isinstance(max_points, str) else max_points
+    n = n_tests(tests) if isinstance(tests, str) else tests
     assert isinstance(data, dict), data
     assert isinstance(data.get("score"), int | float), data.keys()
     assert isinstance(data.get("output"), str)
-    tests = data.get("tests")
-    assert isinstance(tests, list) and tests, "no tests in the results file"
-    if n_tests is not None:
-        assert len(tests) == n_tests
-    for t in tests:
+    entries = data.get("tests")
+    assert isinstance(entries, list) and entries, "no tests in the results file"
+    if n is not None:
+        assert len(entries) == n
+    for t in entries:
         assert TEST_KEYS <= t.keys(), f"missing {TEST_KEYS - t.keys()} in {t}"
         assert isinstance(t["name"], str) and t["name"]
         assert isinstance(t["output"], str) and t["output"]
         assert 0 <= t["score"] <= t["max_score"]
         assert t["status"] == ("passed" if t["score"] >= t["max_score"] else "failed")
         assert isinstance(t["tags"], list) and all(isinstance(x, str) for x in t["tags"])
-    assert abs(data["score"] - sum(t["score"] for t in tests)) < 1e-6
-    if max_score is not None:
-        assert sum(t["max_score"] for t in tests) == max_score
+    assert abs(data["score"] - sum(t["score"] for t in entries)) < 1e-6
+    if max_points is not None:
+        assert sum(t["max_score"] for t in entries) == max_points
 
 
 def cli_command(*args: str) -> dict:

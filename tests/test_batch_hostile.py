@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import CALL_S, DEVICE, ROOT, cli_command
+from tests.support import CALL_S, DEVICE, ROOT, cli_command, max_score, n_tests
 
 CLASS = ROOT / "examples" / "class"
 # student -> the example whose 01_attention they hand in, and its score
 HONEST = {
-    "ada": ("ada_correct_matmul", 17),
+    "ada": ("ada_correct_matmul", max_score()),
     "bob": ("bob_missing_scale", 8),
     "carol": ("carol_scale_by_d", 8),
 }
@@ -226,7 +226,7 @@ def test_an_oversized_stage_file_is_not_read_into_memory_to_fingerprint_it(tmp_p
 @pytest.fixture
 def four(tmp_path):
     klass = _flat_class(tmp_path / "class")
-    _hand_in(klass / "mallory")  # a correct 01_attention: 17 points, when it can be stored
+    _hand_in(klass / "mallory")  # a correct 01_attention: full marks, when it can be stored
     return klass
 
 
@@ -236,7 +236,7 @@ def _run(klass: Path, book, **kwargs):
     return b.run(b.discover(klass, ["01_attention"]), book, 2, device=DEVICE, call_s=CALL_S, **kwargs)
 
 
-EXPECTED = {**{s: score for s, (_, score) in HONEST.items()}, "mallory": 17}
+EXPECTED = {**{s: score for s, (_, score) in HONEST.items()}, "mallory": max_score()}
 
 
 def test_a_giant_result_is_stored_within_the_row_budget(four, tmp_path, monkeypatch):
@@ -328,8 +328,8 @@ def test_a_student_whose_grading_raises_gets_an_error_row_and_the_others_are_gra
     assert {s: v for s, (v, _, _) in grades.items()} == {**EXPECTED, "mallory": 0}
     score, fp, result = grades["mallory"]
     assert fp.startswith("failed:")  # no files have it: the next run grades her again
-    assert result["max_score"] == 17 and "could not grade" in result["notes"][0]
-    assert all(t["score"] == 0 for t in result["tests"]) and len(result["tests"]) == 15
+    assert result["max_score"] == max_score() and "could not grade" in result["notes"][0]
+    assert all(t["score"] == 0 for t in result["tests"]) and len(result["tests"]) == n_tests()
 
     monkeypatch.setattr(Grader, "grade", real)  # the grader fixed: the next run grades her
     with b.Gradebook(db) as book:

@@ -32,6 +32,8 @@ from tests.support import (
     ROOT,
     assert_gradescope_results,
     cli_command,
+    max_score,
+    n_tests,
     once_per_session,
 )
 
@@ -39,7 +41,7 @@ pytestmark = [pytest.mark.fuzz, pytest.mark.stage01]
 
 STAGE = "01_attention"
 SEED = int(os.environ.get("FUZZ_SEED", "20250101"))
-N_TESTS, MAX_SCORE = 15, 17.0
+N_TESTS, MAX_SCORE = n_tests(STAGE), max_score(STAGE)
 TEMPLATE = ROOT / "assignments" / STAGE / f"{STAGE}.ipynb"
 SOLUTION = ROOT / "solutions" / STAGE / f"{STAGE}.ipynb"
 GRADED = ("softmax", "scaled_dot_product_attention", "padding_mask", "causal_mask")
@@ -621,7 +623,7 @@ def test_every_result_is_a_complete_gradescope_file(fuzz):
         if e["result"] is None:
             continue
         try:
-            assert_gradescope_results(e["result"], max_score=MAX_SCORE, n_tests=N_TESTS)
+            assert_gradescope_results(e["result"], MAX_SCORE, N_TESTS)
             assert 0 <= e["result"]["score"] <= MAX_SCORE
         except AssertionError as exc:
             bad[name] = str(exc)[:300]
@@ -664,7 +666,7 @@ def test_odd_but_complete_notebooks_still_score_full_marks(fuzz):
         if e["full"] and e["result"] is not None and e["result"]["score"] != MAX_SCORE
     }
     assert not short, "\n".join(
-        f"{n}: {s}/17\n    {out!r}\n    repro: {_repro(fuzz, n)}" for n, (s, out) in short.items()
+        f"{n}: {s}/{MAX_SCORE:g}\n    {out!r}\n    repro: {_repro(fuzz, n)}" for n, (s, out) in short.items()
     )
 
 
@@ -697,7 +699,7 @@ def test_the_cli_writes_a_valid_results_file_for_each_of_a_sample(fuzz):
     missing = [n for n, r in cli["results"].items() if r is None]
     assert not missing, missing
     for name, result in cli["results"].items():
-        assert_gradescope_results(result, max_score=MAX_SCORE, n_tests=N_TESTS)
+        assert_gradescope_results(result, MAX_SCORE, N_TESTS)
         for t in result["tests"]:
             assert {"name", "score", "max_score", "status", "output", "tags"} <= t.keys()
             assert 0 <= t["score"] <= t["max_score"], name

@@ -23,7 +23,7 @@ import pytest
 
 from autograder.grader.gradescope import CONFIG, build_zip
 from autograder.runtime.submission import Submission
-from tests.support import ROOT, assert_gradescope_results
+from tests.support import ROOT, assert_gradescope_results, max_score
 
 STAGE = "01_attention"
 EXAMPLES = ROOT / "examples" / "class"
@@ -127,8 +127,8 @@ def test_correct_submission_in_a_folder_scores_full_marks(runs):
     r = runs["correct"]
     assert r["rc"] == 0, r["stdout"]
     data = r["results"]
-    assert_gradescope_results(data, 17.0, 15)
-    assert data["score"] == 17.0
+    assert_gradescope_results(data)
+    assert data["score"] == max_score(STAGE)
     assert data["stdout_visibility"] == "hidden"
     assert isinstance(data["execution_time"], float) and data["execution_time"] > 0
     assert all(t["visibility"] == "visible" and t["status"] == "passed" for t in data["tests"])
@@ -139,8 +139,8 @@ def test_correct_submission_in_a_folder_scores_full_marks(runs):
 
 def test_wrong_submission_names_the_mistake_without_showing_hidden_cases(runs):
     data = runs["broken"]["results"]
-    assert_gradescope_results(data, 17.0, 15)
-    assert 0 < data["score"] < 17
+    assert_gradescope_results(data)
+    assert 0 < data["score"] < max_score(STAGE)
     failed = [t for t in data["tests"] if t["status"] == "failed"]
     assert failed and all("misconception:scale-by-d" in t["tags"] for t in failed), failed
     hidden = [t for t in failed if "hidden" in t["tags"]]
@@ -159,7 +159,7 @@ def test_wrong_submission_names_the_mistake_without_showing_hidden_cases(runs):
 def test_empty_submission_scores_zero_with_every_test(runs):
     data = runs["empty"]["results"]
     assert runs["empty"]["rc"] == 0
-    assert_gradescope_results(data, 17.0, 15)
+    assert_gradescope_results(data)
     assert data["score"] == 0
     assert "no file" in data["output"]
 
@@ -168,7 +168,7 @@ def test_hostile_submission_cannot_plant_its_grade(runs):
     r = runs["hostile"]
     assert r["rc"] == 0, r["stdout"]
     data = r["results"]
-    assert_gradescope_results(data, 17.0, 15)
+    assert_gradescope_results(data)
     assert data["score"] == 0
     # neither the planted file nor the printed JSON is the grade: what it printed (before
     # it received any hidden input) is shown as printed, in the top-level output only
@@ -182,7 +182,7 @@ def test_a_grader_crash_still_writes_a_valid_failed_results_file(runs):
         r = runs[name]
         assert r["rc"] == 0, r["stdout"]
         data = r["results"]
-        assert_gradescope_results(data, 17, 1)
+        assert_gradescope_results(data, max_score(STAGE), 1)
         assert data["score"] == 0
         (entry,) = data["tests"]
         assert entry["name"] == "Autograder failed" and entry["visibility"] == "visible"
@@ -200,7 +200,11 @@ def test_zip_holds_what_gradescope_and_grading_need(runs):
         assert f"autograder/stages/{STAGE}.py" in names and f"reference/{STAGE}.py" in names
         assert "solutions/07_bert_pretraining/corpus.txt" in names  # stage 07 reads it while grading
         assert not any(n.endswith((".ipynb", ".pyc")) or "__pycache__" in n for n in names)
-        assert json.loads(zf.read(CONFIG)) == {"stages": [STAGE], "max_score": 17, "device": "cpu"}
+        assert json.loads(zf.read(CONFIG)) == {
+            "stages": [STAGE],
+            "max_score": max_score(STAGE),
+            "device": "cpu",
+        }
         for script in ("setup.sh", "run_autograder"):
             assert zf.getinfo(script).external_attr >> 16 & 0o111, f"{script} is not executable"
         setup = zf.read("setup.sh").decode()
@@ -258,7 +262,7 @@ def test_docker_entrypoint_grades_a_class_into_out(runs):
     out = r["out"]
     with sqlite3.connect(out / "bertlab-gradebook.sqlite") as db:
         grades = dict(db.execute("SELECT student, score FROM grades WHERE stage = ?", (STAGE,)))
-    assert grades == {"ada": 17, "carol": 8}  # examples/class/README.md
+    assert grades == {"ada": max_score(STAGE), "carol": 8}  # examples/class/README.md
     with open(out / "grades.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert {row["student"] for row in rows} == {"ada", "carol"}

@@ -14,11 +14,11 @@ import pytest
 from autograder.grader.batch import Gradebook, Unit
 from autograder.grader.nbgrader_export import grade_cell_name
 from autograder.stages import load_spec
-from tests.support import ROOT, cli_command
+from tests.support import ROOT, cli_command, max_score
 
 CLASS = ROOT / "examples" / "class"
 STAGE = "01_attention"
-SCORES = {"ada_correct_matmul": 17, "bob_missing_scale": 8}
+SCORES = {"ada_correct_matmul": max_score(STAGE), "bob_missing_scale": 8}  # examples/class/README.md
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_grades_are_nbgrader_grades_per_grade_cell(bertlab_book, tmp_path):
         }
         for student, score in SCORES.items():
             sub = gb.find_submission(STAGE, student)
-            assert sub.score == score and sub.max_score == 17
+            assert sub.score == score and sub.max_score == max_score(STAGE)
         bob = gb.find_grade(
             grade_cell_name(spec.graded[1], spec.graded[1].tests[0]), STAGE, STAGE, "bob_missing_scale"
         )
@@ -71,7 +71,7 @@ def test_grades_are_nbgrader_grades_per_grade_cell(bertlab_book, tmp_path):
         )
         assert again.manual_score == 1.5 and again.auto_score == 0
         assert len(gb.find_notebook(STAGE, STAGE).grade_cells) == n_cells
-        assert gb.find_submission(STAGE, "ada_correct_matmul").score == 17
+        assert gb.find_submission(STAGE, "ada_correct_matmul").score == max_score(STAGE)
 
 
 def test_nbgrader_export_reads_them(bertlab_book, tmp_path):
@@ -83,4 +83,6 @@ def test_nbgrader_export_reads_them(bertlab_book, tmp_path):
     assert run.returncode == 0, run.stderr
     rows = {r["student_id"]: r for r in csv.DictReader(out.open())}
     assert {s: float(rows[s]["score"]) for s in SCORES} == SCORES
-    assert all(float(rows[s]["max_score"]) == 17 and rows[s]["assignment"] == STAGE for s in SCORES)
+    assert all(
+        float(rows[s]["max_score"]) == max_score(STAGE) and rows[s]["assignment"] == STAGE for s in SCORES
+    )

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from autograder.grader.report import to_gradescope
 from autograder.runtime import wire
-from tests.support import ROOT, no_process_left, write_py
+from tests.support import ROOT, full_marks, max_score, no_process_left, write_py
 
 pytestmark = pytest.mark.stage01
 STAGE = "01_attention"
@@ -55,7 +55,7 @@ def scores(result) -> dict[str, float]:
     return out
 
 
-FULL = {"softmax": 4, "scaled_dot_product_attention": 9, "padding_mask": 2, "causal_mask": 2}
+FULL = full_marks(STAGE)  # every graded name with all of its points
 
 SOFTMAX_ALIASES = {
     "torch.softmax": "return torch.softmax(x, dim)",
@@ -184,7 +184,7 @@ def test_selfcheck_runtime_does_not_import_hidden_material():
 def test_student_output_is_captured_not_trusted(grader, tmp_path):
     code = submission() + "\nprint('hello from the student', '\\x1b[31m')\n"
     result = grader.grade(write_py(tmp_path / "s", STAGE, code), [STAGE])
-    assert result.score == 17
+    assert result.score == max_score(STAGE)
     assert "hello from the student" in result.stages[0].stdout
     assert "\x1b" not in to_gradescope(result)["output"]
 
@@ -195,7 +195,7 @@ def test_grading_twice_gives_identical_results(grader, tmp_path):
     first, second = to_gradescope(grader.grade(sub, [STAGE])), to_gradescope(grader.grade(sub, [STAGE]))
     first.pop("execution_time"), second.pop("execution_time")
     assert first == second
-    assert first["score"] < 17
+    assert first["score"] < max_score(STAGE)
     assert any("misconception:missing-scale" in t["tags"] for t in first["tests"])
 
 

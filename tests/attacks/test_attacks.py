@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, assert_gradescope_results, once_per_session
+from tests.support import ROOT, assert_gradescope_results, full_marks, max_score, once_per_session
 
 pytestmark = pytest.mark.stage01
 STAGE = "01_attention"
@@ -54,7 +54,7 @@ BYSTANDERS = ("bystander_a", "bystander_b")  # honest; graded first and last
 CALL_TIMEOUT = "2"
 CLI_TIMEOUT = 300.0
 
-FULL = {"softmax": 4, "scaled_dot_product_attention": 9, "padding_mask": 2, "causal_mask": 2}
+FULL = full_marks("01_attention")  # every graded name with all of its points
 ZERO = dict.fromkeys(FULL, 0)
 
 
@@ -757,4 +757,4 @@ def test_hostile_names_stay_inside_the_results_directory(run):
     for where, result in hostile.items():
         assert "unreadable" not in result, (where, result)
         assert_gradescope_results(result)
-        assert result["score"] == 17, f"{where}:\n{failures(result)}"
+        assert result["score"] == max_score(), f"{where}:\n{failures(result)}"
