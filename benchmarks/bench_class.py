@@ -465,7 +465,8 @@ def floor_figures(repeat: int = 3, child_repeat: int = 15) -> dict[str, Any]:
     """Per stage, the reference on every case in-process; one warm child per submission."""
     import torch
 
-    from autograder.grader.grade import Grader, run_trusted
+    from autograder.grader.grade import Grader
+    from autograder.grader.plan import run_trusted
     from autograder.grader.runner import Limits
     from autograder.stages import load_spec, stage_ids
     from autograder.stages.spec import build_case

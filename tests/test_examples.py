@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from autograder.grader.report import to_gradescope
+from autograder.grader.report import stage_record, to_gradescope
 from autograder.stages import load_spec
 from tests.support import CALL_S, DEVICE, ROOT, assert_gradescope_results, max_score, once_per_session
 
@@ -49,6 +49,7 @@ def _grade_class() -> dict[str, dict]:
             r = grader.grade(CLASS / student, [stage])
             out[f"{student}/{stage}"] = {
                 **dataclasses.asdict(r),
+                "stages": [stage_record(s) for s in r.stages],
                 "score": r.score,
                 "gradescope": to_gradescope(r),
             }

@@ -27,7 +27,7 @@ import zipfile
 import pytest
 import torch
 
-from autograder.grader.grade import StagePlan
+from autograder.grader.plan import StagePlan
 from autograder.runtime.wire import decode
 from autograder.stages import load_spec
 from tests.support import write_py

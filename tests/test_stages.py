@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from autograder.grader.grade import StagePlan
 from autograder.grader.notebooks import generate_stage
+from autograder.grader.plan import StagePlan
 from autograder.runtime.check import check_case
 from autograder.stages import all_specs, stage_ids
 from autograder.stages.spec import build_case

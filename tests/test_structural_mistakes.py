@@ -26,8 +26,8 @@ import torch
 
 import reference
 from autograder.grader import batch, feedback
-from autograder.grader.grade import StagePlan
 from autograder.grader.gradescope import student_view
+from autograder.grader.plan import StagePlan
 from autograder.grader.visibility import for_students
 from autograder.runtime import selfcheck
 from autograder.runtime.check import GENERIC_MISCONCEPTIONS, check_case, returned_in_order

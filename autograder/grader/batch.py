@@ -148,6 +148,14 @@ def _holds_stages(folder: Path) -> bool:
     return any(Submission(folder).holds(s) for s in stage_ids())
 
 
+def fingerprint(submission: Path, stage: str) -> str:
+    """The stage's file and those of the earlier stages it runs: what its grade depends on."""
+    from autograder.runtime.submission import Submission
+    from autograder.stages import requires
+
+    return Submission(submission).fingerprint([stage, *requires(stage)])
+
+
 def in_shard(student: str, shard: tuple[int, int] | None) -> bool:
     """Students are split by a stable hash of their name: shard k of n holds a fixed set."""
     if shard is None:
@@ -170,17 +178,16 @@ def discover(
     ``layout``: ``auto``, ``flat`` or ``nbgrader`` (``layout_of``; ``LayoutError`` when it is
     ambiguous). A student folder left out is said in ``skipped``, one line each."""
     from autograder.runtime.submission import Submission
-    from autograder.stages import requires, stage_ids
+    from autograder.stages import stage_ids
 
     skipped = [] if skipped is None else skipped
     root = class_dir / "submitted" if layout_of(class_dir, layout) == "nbgrader" else class_dir
     units = []
     for folder in _student_folders(root, shard, skipped):
         try:
-            sub = Submission(folder)
             units += [
-                Unit(folder.name, s, folder, sub.fingerprint([s, *requires(s)]))
-                for s in sub.stages(stage_ids(), stages)
+                Unit(folder.name, s, folder, fingerprint(folder, s))
+                for s in Submission(folder).stages(stage_ids(), stages)
             ]
         except Exception as exc:  # an unreadable folder costs its student only
             skipped.append(f"{folder.name!r} cannot be read: {_printable(f'{type(exc).__name__}: {exc}')}")
@@ -398,12 +405,9 @@ def _grade_student(grader: Any, units: list[Unit]) -> list[tuple[Unit, dict[str,
 
 
 def _row(stage: Any) -> dict[str, Any]:
-    """A ``StageResult`` as its gradebook row's JSON: its fields, its scores, and each test's
-    text as results.json shows it (what an instructor reads in the database)."""
-    row = {**dataclasses.asdict(stage), "score": stage.score, "max_score": stage.max_score}
-    for stored, t in zip(row["tests"], stage.tests, strict=True):
-        stored["output"] = t.output
-    return row
+    from autograder.grader.report import stage_record
+
+    return stage_record(stage)
 
 
 @dataclass(frozen=True)
@@ -554,7 +558,7 @@ def _settle(
 def _failed(grader: Any, unit: Unit, exc: BaseException, *, storing: bool) -> tuple[dict[str, Any], Failure]:
     """The error row of a ``unit`` that could not be graded (or its grade ``storing``):
     scoring 0, its tests all there, failed, with the reason; the next run grades it again."""
-    from autograder.grader.grade import score_stage
+    from autograder.grader.score import score_stage
 
     why = _printable(f"{type(exc).__name__}: {exc}")
     doing = "store the grade of" if storing else "grade"

@@ -20,7 +20,7 @@ import safetensors
 import safetensors.torch
 import torch
 
-from autograder.grader.grade import StagePlan
+from autograder.grader.plan import StagePlan
 from autograder.runtime.compare import Tolerance, matches
 from autograder.runtime.harness import CallSpec
 from autograder.runtime.selfcheck import FORMAT

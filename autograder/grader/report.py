@@ -7,6 +7,7 @@ execution_time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from autograder.runtime.results import SubmissionResult
+from autograder.runtime.results import StageResult, SubmissionResult
 
 # C0 and C1 controls (terminal escapes among them) and lone surrogates, which cannot be
 # written as UTF-8; newline and tab stay.
@@ -40,6 +41,15 @@ def clause_of(stage: str, function: str) -> str | None:
         return load_spec(stage).graded_name(function).clause
     except (ImportError, KeyError, ValueError, FileNotFoundError):
         return None
+
+
+def stage_record(stage: StageResult) -> dict[str, Any]:
+    """A ``StageResult`` as JSON data, for instructors: its fields, its scores and each
+    test's text as results.json shows it (``TestResult.output``). The gradebook stores it."""
+    record = {**dataclasses.asdict(stage), "score": stage.score, "max_score": stage.max_score}
+    for stored, t in zip(record["tests"], stage.tests, strict=True):
+        stored["output"] = t.output
+    return record
 
 
 def to_gradescope(result: SubmissionResult) -> dict[str, Any]:

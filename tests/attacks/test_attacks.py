@@ -568,7 +568,7 @@ def _extra_no_reference_text(run: dict, attack: str) -> None:
 
 def _softmax_fingerprints(token: str) -> dict[str, set[str]]:
     """The probe of every softmax input, as leak_hidden_inputs computes it, public and hidden."""
-    from autograder.grader.grade import StagePlan
+    from autograder.grader.plan import StagePlan
     from autograder.runtime.wire import decode
     from autograder.stages import load_spec
 

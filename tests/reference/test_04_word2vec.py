@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference
-from autograder.grader.grade import StagePlan
+from autograder.grader.plan import StagePlan
 from autograder.stages import load_spec
 from autograder.stages.spec import build_case
 from tests.support import verdicts

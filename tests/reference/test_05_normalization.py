@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference
-from autograder.grader.grade import StagePlan
+from autograder.grader.plan import StagePlan
 from autograder.runtime.check import check_case
 from autograder.runtime.drivers import normalization as drivers
 from autograder.runtime.harness import run_call

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import reference
-from autograder.grader.grade import StagePlan
+from autograder.grader.plan import StagePlan
 from autograder.stages import load_spec
 from tests.support import verdicts
 

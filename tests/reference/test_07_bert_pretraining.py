@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import reference
-from autograder.grader.grade import run_trusted
+from autograder.grader.plan import run_trusted
 from autograder.runtime.compare import compare
 from autograder.runtime.drivers import pretraining as drivers
 from autograder.runtime.drivers.bert import minilm_dir

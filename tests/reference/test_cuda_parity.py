@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.grader.grade import StagePlan
+from autograder.grader.plan import StagePlan
 from autograder.runtime.compare import compare
 from autograder.stages import load_spec, stage_ids
 

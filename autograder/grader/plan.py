@@ -1,0 +1,204 @@
+"""Expected values, planned once per (stage, device): the trusted side's half of a case.
+
+A ``StagePlan`` holds a stage's seeded case inputs (encoded for the child: the public
+calls' and, apart, the hidden ones'), the reference's expected outputs and, computed when
+a failing submission first needs them, every misconception variant's outputs. One plan
+serves every submission of a grading run; only this process ever sees expected values.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import safetensors.torch
+import torch
+from torch import Tensor
+
+from autograder.grader.runner import (
+    MIN_RETURN_BYTES,
+    Planned,
+    encode_inputs,
+)
+from autograder.runtime.check import Expectation
+from autograder.runtime.compare import tolerance_for
+from autograder.runtime.harness import invoke, split_outputs
+from autograder.stages.spec import CaseData, Graded, StageSpec, Test, build_case
+
+
+def _data_dict(data: CaseData) -> dict[str, Any]:
+    return {
+        "args": data.args,
+        "kwargs": dict(data.kwargs),
+        "init_args": data.init_args,
+        "init_kwargs": dict(data.init_kwargs),
+        "state": dict(data.state) if data.state else None,
+    }
+
+
+def _on(value: Any, device: str) -> Any:
+    """A deep copy of a case value with tensors on ``device`` (the reference may not mutate cases)."""
+    if isinstance(value, Tensor):
+        return value.to(device, copy=True)
+    if isinstance(value, tuple):
+        return tuple(_on(v, device) for v in value)
+    if isinstance(value, list):
+        return [_on(v, device) for v in value]
+    if isinstance(value, dict):
+        return {k: _on(v, device) for k, v in value.items()}
+    return value
+
+
+def run_trusted(
+    fn: Any,
+    graded: Graded,
+    data: CaseData,
+    device: str,
+    spec: StageSpec | None = None,
+    replaces: str | None = None,
+) -> list[Tensor]:
+    """Outputs of the reference (or a variant) on one case, as CPU tensors. A driver runs
+    on the stage's reference names, with ``fn`` in place of ``replaces`` (default: the
+    graded name)."""
+    namespace = None
+    if graded.kind == "driver":
+        if spec is None:
+            raise ValueError(f"{graded.name}: a driver needs the stage's reference names")
+        namespace = {g.name: g.reference for g in spec.graded} | {replaces or graded.name: fn}
+        fn = namespace[graded.name]
+    result = invoke(fn, graded.kind, _on(_data_dict(data), device), device, namespace, graded.driver)
+    outs = []
+    for item in split_outputs(result, graded.outputs):
+        if isinstance(item, Tensor):
+            outs.append(item.detach().cpu())
+        else:
+            outs.append(torch.as_tensor(item).cpu())
+    return outs
+
+
+class LazyVariants(Sequence[tuple[str, list[Tensor]]]):
+    """The misconception variants' outputs on one case, as (misconception id, outputs),
+    computed the first time a failing submission needs them: most submissions pass most
+    cases, and a class's grading starts sooner without them (09's plan: 1.9 -> 0.6 s).
+    Computed at most once; a variant that does not apply to the case (ValueError) is left out."""
+
+    def __init__(self, graded: Graded, data: CaseData, device: str, spec: StageSpec) -> None:
+        self._case: tuple[Graded, CaseData, str, StageSpec] | None = (graded, data, device, spec)
+        self._outputs: tuple[tuple[str, list[Tensor]], ...] = ()
+        self._lock = threading.Lock()  # batch workers are threads sharing one plan
+
+    def _computed(self) -> tuple[tuple[str, list[Tensor]], ...]:
+        if self._case is None:
+            return self._outputs
+        with self._lock:
+            if self._case is None:
+                return self._outputs
+            graded, data, device, spec = self._case
+            outputs = []
+            for variant in graded.variants:
+                try:
+                    outputs.append(
+                        (
+                            variant.misconception,
+                            run_trusted(variant.fn, graded, data, device, spec, variant.replaces),
+                        )
+                    )
+                except ValueError:
+                    continue
+            self._outputs, self._case = tuple(outputs), None
+        return self._outputs
+
+    def __len__(self) -> int:
+        return len(self._computed())
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._computed()[i]
+
+
+@dataclass
+class PlannedCase:
+    index: int
+    graded: Graded
+    test: Test
+    label: str
+    expectation: Expectation
+
+
+@dataclass
+class StagePlan:
+    spec: StageSpec
+    device: str
+    cases: list[PlannedCase]
+    calls: list[Planned]  # public calls first, then hidden ones (each group in spec order)
+    inputs: dict[str, Tensor]  # the public calls' inputs
+    hidden_inputs: dict[str, Tensor] = field(default_factory=dict)
+
+    @cached_property
+    def inputs_file(self) -> bytes:
+        """The public inputs as one safetensors file, serialised once for every submission."""
+        return safetensors.torch.save(self.inputs)
+
+    @cached_property
+    def hidden_file(self) -> bytes:
+        """The hidden inputs, likewise: a child receives them after its public calls."""
+        return safetensors.torch.save(self.hidden_inputs)
+
+    @classmethod
+    def build(cls, spec: StageSpec, device: str, hidden: bool = True) -> StagePlan:
+        """Cases of ``spec`` (public only unless ``hidden``) with their expected outputs."""
+        cases, items = [], []
+        index = 0
+        for graded in spec.graded:
+            for test in graded.tests:
+                if test.hidden and not hidden:
+                    continue
+                for case in test.cases:
+                    data = build_case(spec, graded, test, case)
+                    expected = run_trusted(graded.reference, graded, data, device, spec)
+                    variants = LazyVariants(graded, data, device, spec)
+                    regions = (
+                        graded.graded_region(data) if graded.graded_region else (None,) * len(graded.outputs)
+                    )
+                    has_tensor = any(isinstance(a, Tensor) for a in (*data.args, *data.kwargs.values()))
+                    expectation = Expectation(
+                        name=graded.name,
+                        signature=graded.signature,
+                        outputs=graded.outputs,
+                        returns=graded.returns_per_output(),
+                        values=expected,
+                        regions=[None if r is None else r.cpu() for r in regions],
+                        tolerance=(
+                            graded.tolerance(data, test.dtype, device)
+                            if graded.tolerance
+                            else tolerance_for(test.dtype, device)
+                        ),
+                        device=device if graded.check_device and has_tensor else None,
+                        variants=variants,
+                    )
+                    cases.append(PlannedCase(index, graded, test, case.label, expectation))
+                    items.append((index, _data_dict(data), test.hidden))
+                    index += 1
+        # the two kinds of input travel apart: a child gets the hidden ones only after it
+        # has answered every public case (runner.run_submission)
+        skeletons, inputs = encode_inputs([(i, d) for i, d, h in items if not h])
+        hidden_skeletons, hidden_inputs = encode_inputs([(i, d) for i, d, h in items if h])
+        skeletons |= hidden_skeletons
+        calls = [
+            Planned(
+                pc.index,
+                pc.graded.name,
+                pc.graded.kind,
+                pc.graded.outputs,
+                pc.graded.forbidden,
+                skeletons[pc.index],
+                pc.graded.driver,
+                hidden=pc.test.hidden,
+                max_return_bytes=max(MIN_RETURN_BYTES, 16 * sum(v.nbytes for v in pc.expectation.values)),
+            )
+            for pc in cases
+        ]
+        calls.sort(key=lambda c: c.hidden)  # stable: spec order within each kind
+        return cls(spec, device, cases, calls, inputs, hidden_inputs)
