@@ -254,6 +254,10 @@ RUNS = {
     ("06_transformer_block", "TransformerEncoderLayer"): ("02_multihead", "MultiHeadAttention"),
     ("09_mini_bert", "BertModel"): ("06_transformer_block", "TransformerEncoderLayer"),
     ("09_mini_bert", "load_pretrained"): ("06_transformer_block", "TransformerEncoderLayer"),
+    ("11_transfer", "BertForSequenceClassification"): ("09_mini_bert", "BertModel"),
+    ("11_transfer", "BertForTokenClassification"): ("09_mini_bert", "BertModel"),
+    ("11_transfer", "load_backbone"): ("09_mini_bert", "load_pretrained"),
+    ("11_transfer", "hidden_states"): ("09_mini_bert", "BertModel"),
 }
 
 

@@ -26,6 +26,7 @@ from autograder.grader.runner import (
 from autograder.runtime.check import Expectation
 from autograder.runtime.compare import tolerance_for
 from autograder.runtime.harness import invoke, split_outputs
+from autograder.stages import load_spec
 from autograder.stages.spec import CaseData, Graded, StageSpec, Test, build_case
 
 
@@ -62,12 +63,14 @@ def run_trusted(
 ) -> list[Tensor]:
     """Outputs of the reference (or a variant) on one case, as CPU tensors. A driver runs
     on the stage's reference names, with ``fn`` in place of ``replaces`` (default: the
-    graded name)."""
+    graded name), and on those of the stages it uses (11's drivers build 09's BertModel,
+    as the child finds the student's own in the notebook's namespace)."""
     namespace = None
     if graded.kind == "driver":
         if spec is None:
             raise ValueError(f"{graded.name}: a driver needs the stage's reference names")
-        namespace = {g.name: g.reference for g in spec.graded} | {replaces or graded.name: fn}
+        stages = (*(load_spec(s) for s in spec.uses), spec)
+        namespace = {g.name: g.reference for s in stages for g in s.graded} | {replaces or graded.name: fn}
         fn = namespace[graded.name]
     result = invoke(fn, graded.kind, _on(_data_dict(data), device), device, namespace, graded.driver)
     outs = []

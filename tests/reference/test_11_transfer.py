@@ -230,9 +230,9 @@ def test_n_adamw_steps_equal_torch_adamw_with_transformers_schedule(dtype):
         model.train()  # dropout on: the same seeded draws in both runs
         groups = ref.param_groups(model, 0.3) if ours else _trainer_groups(model, 0.3)
         optimizer = torch.optim.AdamW(groups, lr=0.02)
-        schedule = (ref.linear_schedule_with_warmup if ours else transformers.get_linear_schedule_with_warmup)(
-            optimizer, 3, 8
-        )
+        schedule = (
+            ref.linear_schedule_with_warmup if ours else transformers.get_linear_schedule_with_warmup
+        )(optimizer, 3, 8)
         torch.manual_seed(6)
         trajectory = []
         for _ in range(10):  # two steps past the end of training
@@ -251,10 +251,16 @@ def test_n_adamw_steps_equal_torch_adamw_with_transformers_schedule(dtype):
 # -- label alignment on real tokenizer output ----------------------------------------------------------
 
 NER = [
-    (["Arnold", "Schwarzenegger", "visited", "Hugging", "Face", "in", "Brooklyn", "."], [1, 2, 0, 3, 4, 0, 5, 0]),
+    (
+        ["Arnold", "Schwarzenegger", "visited", "Hugging", "Face", "in", "Brooklyn", "."],
+        [1, 2, 0, 3, 4, 0, 5, 0],
+    ),
     (["Ngozi", "Okonjo-Iweala", "leads", "the", "WTO", "in", "Geneva", "."], [1, 2, 0, 0, 3, 0, 5, 0]),
     (["Müller", "signed", "for", "Bayern", "München", "in", "2013", "."], [1, 0, 0, 3, 4, 0, 0, 0]),
-    (["EU", "rejects", "German", "call", "to", "boycott", "British", "lamb", "."], [3, 0, 7, 0, 0, 0, 7, 0, 0]),
+    (
+        ["EU", "rejects", "German", "call", "to", "boycott", "British", "lamb", "."],
+        [3, 0, 7, 0, 0, 0, 7, 0, 0],
+    ),
 ]
 
 
