@@ -98,6 +98,15 @@ SOFTMAX = Graded(
             cases=_softmax_cases([((2, 4, 16), -1, 1e4), ((6, 3), 0, 1e4)]),
         ),
     ),
+    # a softmax over 2 values (one over 1 is 1 whatever is wrong), a dim that is not the
+    # last (and the last of 2 rows), magnitudes where exp overflows
+    small=(
+        _softmax_case(2),
+        _softmax_case(1, 2, dim=0),
+        _softmax_case(2, 1),
+        _softmax_case(2, 2, dim=0),
+        _softmax_case(2, scale=1e3),
+    ),
     variants=(
         Variant("unstable-softmax", _unstable_softmax),
         Variant("softmax-wrong-dim", lambda x, dim=-1: ref.softmax(x, dim=-1)),
@@ -223,6 +232,17 @@ ATTENTION = Graded(
     forbidden=ATTENTION_OPS,
     graded_region=_graded_rows,
     variants=ATTENTION_VARIANTS,
+    # one query and two keys (with one key every softmax is 1), d_k = 2 (with 1 a missing
+    # scale changes nothing); a padding mask that keeps one key of two; causal over two
+    # positions; scores where exp overflows
+    small=(
+        _no_mask((1,), 1, 2, 2, 1),
+        _no_mask((1,), 2, 2, 2, 1),
+        _padding(1, 1, 2, 1),
+        _causal((1,), 2, 1),
+        _padding(1, 1, 3, 2),
+        _no_mask((1,), 1, 2, 2, 1, scale=100.0),
+    ),
     tests=(
         Test(
             "float32, no mask",
@@ -307,6 +327,13 @@ PADDING_MASK = Graded(
     outputs=("mask",),
     reference=ref.padding_mask,
     variants=(Variant("mask-inverted", lambda lengths, max_len: ~ref.padding_mask(lengths, max_len)),),
+    small=(
+        _lengths([0], 1, 1),
+        _lengths([1], 1, 2),
+        _lengths([0, 1], 2, 1),
+        _lengths([2, 1], 2, 3),
+        _lengths(None, 3, 4),
+    ),
     tests=(
         Test(
             "lengths [3, 1, 5] and [2]",
@@ -331,6 +358,11 @@ PADDING_MASK = Graded(
     ),
 )
 
+
+def _length(n: int):
+    return lambda g, dtype: CaseData(args=(n,))
+
+
 CAUSAL_MASK = Graded(
     name="causal_mask",
     clause="01.causal_mask",
@@ -340,6 +372,7 @@ CAUSAL_MASK = Graded(
     reference=ref.causal_mask,
     check_device=False,  # takes no tensor, so there is no device to follow
     variants=(Variant("mask-inverted", lambda L: ~ref.causal_mask(L)),),
+    small=(_length(1), _length(2), _length(3)),
     tests=(
         Test(
             "L = 1 and 4",

@@ -59,6 +59,8 @@ SPLIT_HEADS = Graded(
     outputs=("heads",),
     reference=ref.split_heads,
     variants=(Variant("heads-merged-wrong", _split_without_transpose),),
+    # two positions and two heads: a reshape without the transpose then moves values
+    small=(_tokens(1, 2, 2, 2), _tokens(1, 2, 4, 2), _tokens(1, 3, 4, 2), _tokens(2, 2, 2, 1)),
     tests=(
         Test(
             "float32, shapes",
@@ -95,6 +97,7 @@ MERGE_HEADS = Graded(
         Variant("heads-merged-wrong", _merge_without_transpose),
         Variant("heads-merged-wrong", _merge_transposing_the_wrong_pair),
     ),
+    small=(_heads(1, 2, 2, 1), _heads(1, 2, 2, 2), _heads(1, 2, 3, 1), _heads(2, 1, 2, 2)),
     tests=(
         Test(
             "float64, shapes",
@@ -241,6 +244,16 @@ MULTI_HEAD_ATTENTION = Graded(
     reference=ref.MultiHeadAttention,
     forbidden=ATTENTION_OPS,
     variants=MHA_VARIANTS,
+    # d_model = 2 in two heads of one feature (with one head, split, merge and a single
+    # attention are all right), two positions; then cross-attention, the masks, no bias
+    small=(
+        _mha(1, 2, None, 2, 2),
+        _mha(1, 1, 2, 2, 2, same_key_value=False),
+        _mha(1, 2, None, 2, 1),
+        _mha(1, 2, None, 2, 2, mask="padding"),
+        _mha(1, 2, None, 2, 2, mask="causal"),
+        _mha(1, 2, None, 2, 2, bias=False),
+    ),
     tests=(
         Test(
             "float32, self-attention, no mask",

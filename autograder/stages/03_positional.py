@@ -185,6 +185,9 @@ ENCODING = Graded(
     tolerance=encoding_tolerance,
     check_device=False,  # takes no tensor: the result is on the default device
     variants=ENCODING_VARIANTS,
+    # one pair (sin and cos swapped), two pairs (their layout), a second position (the
+    # frequencies); inputs are sizes only, so these run in the order given
+    small=(_ints(1, 2), _ints(1, 4), _ints(2, 4), _ints(3, 6)),
     tests=(
         Test(
             "float32, small",
@@ -233,6 +236,7 @@ SHIFT = Graded(
     tolerance=shift_tolerance,
     check_device=False,
     variants=SHIFT_VARIANTS,
+    small=(_ints(2, 1), _ints(2, -1), _ints(4, 1), _ints(4, -2), _ints(6, 3)),
     tests=(
         Test(
             "float64, small d_model and offsets",

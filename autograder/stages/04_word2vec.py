@@ -51,6 +51,11 @@ SIGMOID = Graded(
     outputs=("y",),
     returns="ndarray",
     reference=ref.sigmoid,
+    small=(
+        _sigmoid_case(1, scale=1.0),
+        _sigmoid_case(2, scale=3.0),
+        _sigmoid_case(4, scale=1.0, extremes=True),
+    ),
     tests=(
         Test(
             "float64, vectors and matrices",
@@ -156,6 +161,8 @@ NAIVE_SOFTMAX = Graded(
         Variant("softmax-gradient-sign", _negated(ref.naive_softmax_loss_and_gradient, False, True)),
         Variant("grad-wrong-row", _softmax_only_row_o),
     ),
+    # two words (a softmax over one is 1), one or two features; the row of a word not o
+    small=(_softmax_case(2, 1, 0), _softmax_case(2, 1, 1), _softmax_case(2, 2, 0), _softmax_case(3, 1, 2)),
     tests=(
         Test(
             "float64, small vocabularies",
@@ -272,6 +279,13 @@ NEG_SAMPLING = Graded(
         Variant("grad-wrong-row", _neg_row_by_position),
         Variant("softmax-gradient-sign", _negated(ref.neg_sampling_loss_and_gradient, True, True)),
     ),
+    # one negative, then a repeated one (each repeat counts), then two distinct
+    small=(
+        _neg_case(2, 1, 0, [1]),
+        _neg_case(2, 1, 1, [0, 0]),
+        _neg_case(3, 1, 0, [2, 1]),
+        _neg_case(3, 2, 1, [2, 2, 0]),
+    ),
     tests=(
         Test(
             "float64, distinct negatives",
@@ -380,6 +394,13 @@ SKIPGRAM = Graded(
         Variant("grad-wrong-row", _skipgram_center_rows("all")),
         Variant("grad-wrong-row", _skipgram_center_rows("outside")),
         Variant("grad-wrong-row", _skipgram_outside_row_only),
+    ),
+    # a window of one word, then a word twice, then a center word that is not row 0
+    small=(
+        _window_case(2, 1, 0, [1]),
+        _window_case(2, 1, 0, [1, 1]),
+        _window_case(3, 1, 1, [0, 2]),
+        _window_case(3, 2, 2, [0]),
     ),
     tests=(
         Test(

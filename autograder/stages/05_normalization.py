@@ -17,6 +17,7 @@ from autograder.stages.spec import (
     Test,
     Tolerance,
     Variant,
+    rand,
     randn,
     tolerance_for,
 )
@@ -209,7 +210,7 @@ LAYERNORM_BACKWARD_VARIANTS = (
 def _features(g: torch.Generator, n: int, d: int, dtype: torch.dtype, spread: float = 1.0) -> Tensor:
     """(n, d) inputs whose features have their own means and scales, and whose examples
     their own offsets: both normalisations have work to do, along different axes."""
-    scale = 0.5 + 1.5 * torch.rand(d, generator=g, dtype=torch.float64)  # (d,)
+    scale = 0.5 + 1.5 * rand(g, d)  # (d,)
     shift = randn(g, d, dtype=torch.float64) * scale  # (d,): means within ~2 std
     row = randn(g, n, 1, dtype=torch.float64) * 0.5 * spread  # (n, 1)
     return (randn(g, n, d, dtype=torch.float64) * scale + shift + row).to(dtype)
@@ -224,7 +225,7 @@ def _running(g: torch.Generator, d: int, dtype: torch.dtype, fresh: bool) -> tup
     if fresh:  # as a new BatchNorm1d starts
         return torch.zeros(d, dtype=dtype), torch.ones(d, dtype=dtype)
     mean = 0.3 * randn(g, d, dtype=torch.float64)
-    var = 0.5 + torch.rand(d, generator=g, dtype=torch.float64)
+    var = 0.5 + rand(g, d)
     return mean.to(dtype), var.to(dtype)
 
 
@@ -354,6 +355,13 @@ BATCHNORM_FORWARD = Graded(
     driver="normalization:batchnorm_train_then_eval",
     forbidden=FORWARD_FORBIDDEN,
     variants=BATCHNORM_VARIANTS,
+    # batches of two (a variance, biased or not) and an eval batch of one (its own
+    # statistics are not the running ones), one or two features
+    small=(
+        _bn_steps((2, 2, 2, 1), 1, momentum=0.5, eps=1e-5),
+        _bn_steps((2, 2, 2, 1), 1, momentum=0.5, eps=1e-5, fresh=True),
+        _bn_steps((3, 2, 2, 1), 2, momentum=0.25, eps=1e-3),
+    ),
     tests=(
         Test(
             "float32, three train calls then eval",
@@ -408,6 +416,7 @@ BATCHNORM_BACKWARD = Graded(
     driver="normalization:batchnorm_gradients",
     forbidden=BACKWARD_FORBIDDEN,
     variants=BATCHNORM_BACKWARD_VARIANTS,
+    small=(_grad_case(2, 1, 1e-5, True), _grad_case(3, 1, 1e-5, True), _grad_case(2, 2, 1e-3, True)),
     tolerance=_gradient_tolerance(0),
     tests=(
         Test(
@@ -453,6 +462,8 @@ LAYERNORM_FORWARD = Graded(
     driver="normalization:layernorm_output",
     forbidden=FORWARD_FORBIDDEN,
     variants=LAYERNORM_VARIANTS,
+    # two features (a variance), then two examples (the axis shows)
+    small=(_ln_case(1, 2, 1e-5), _ln_case(2, 2, 1e-5), _ln_case(2, 3, 1e-3)),
     tests=(
         Test("float32", torch.float32, points=1, hidden=False, cases=_ln_cases((4, 16, 1e-12), (6, 5, 1e-5))),
         Test(
@@ -490,6 +501,7 @@ LAYERNORM_BACKWARD = Graded(
     driver="normalization:layernorm_gradients",
     forbidden=BACKWARD_FORBIDDEN,
     variants=LAYERNORM_BACKWARD_VARIANTS,
+    small=(_grad_case(1, 2, 1e-5, False), _grad_case(2, 2, 1e-5, False), _grad_case(2, 3, 1e-3, False)),
     tolerance=_gradient_tolerance(-1),
     tests=(
         Test(

@@ -55,6 +55,7 @@ GELU = Graded(
     reference=ref.gelu,
     forbidden=GELU_OPS,
     variants=(Variant("relu-instead-of-gelu", _relu),),
+    small=(_values(1, scale=1.0), _values(2, scale=1.0), _values(3, scale=2.0)),
     tests=(
         Test(
             "float32, vectors and batches",
@@ -127,6 +128,7 @@ FEED_FORWARD = Graded(
     outputs=("y",),
     reference=ref.PositionwiseFeedForward,
     variants=(Variant("relu-instead-of-gelu", _ReluFeedForward),),
+    small=(_ffn(1, 1, 1, 1), _ffn(1, 1, 1, 2), _ffn(1, 1, 2, 2), _ffn(1, 2, 2, 2)),
     tests=(
         Test(
             "float32, shapes",
@@ -278,6 +280,15 @@ ENCODER_LAYER = Graded(
     reference=ref.TransformerEncoderLayer,
     forbidden=LAYER_OPS,
     variants=LAYER_VARIANTS,
+    # d_model = 3: a LayerNorm over one feature is its bias whatever came in, and over two
+    # only the sign of their difference counts; one head and one hidden unit, then two
+    # positions, three heads, a padding mask
+    small=(
+        _layer(1, 1, 3, 1, 1),
+        _layer(1, 2, 3, 1, 1),
+        _layer(1, 2, 3, 3, 2),
+        _layer(1, 3, 3, 1, 2, mask="padding"),
+    ),
     tests=(
         Test(
             "float32, no mask",

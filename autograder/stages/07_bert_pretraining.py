@@ -31,7 +31,18 @@ from torch import Tensor
 import reference
 from autograder.runtime.drivers.bert import minilm_dir
 from autograder.runtime.drivers.pretraining import vocab_words as case_vocab
-from autograder.stages.spec import Case, CaseData, Graded, StageSpec, Test, Tolerance, Variant, randint, randn
+from autograder.stages.spec import (
+    Case,
+    CaseData,
+    Graded,
+    StageSpec,
+    Test,
+    Tolerance,
+    Variant,
+    rand,
+    randint,
+    randn,
+)
 
 ref = reference.load("07_bert_pretraining")
 
@@ -485,7 +496,7 @@ def _heads_case(
 def _loss_case(b: int, length: int, vocab: int, labelled: float, scale: float = 2.0):
     def build(g, dtype):
         labels = randint(g, 0, vocab, b, length)
-        keep = torch.rand(b, length, generator=g, dtype=torch.float64) < labelled
+        keep = rand(g, b, length) < labelled
         keep[:, 0] = True  # every row predicts something
         labels[~keep] = -100
         nsp = randint(g, 0, 2, b)
@@ -537,6 +548,13 @@ MLM_PREDICTIONS = Graded(
     kind="driver",
     driver="pretraining:masked_lm",
     variants=(Variant("masks-special-tokens", MASKS_SPECIALS), Variant("no-80-10-10", ALWAYS_MASK)),
+    # [CLS] a [SEP] b [SEP] and a little longer, in a vocabulary of a few words
+    small=(
+        _mlm_synthetic(1, 1, n_words=2),
+        _mlm_synthetic(2, 1, n_words=2),
+        _mlm_synthetic(2, 2, n_words=3, options=(0.5, 20)),
+        _mlm_synthetic(3, 3, n_words=3),
+    ),
     tests=(
         Test(
             "a sentence pair, synthetic vocabulary",
@@ -627,6 +645,12 @@ INSTANCES = Graded(
     variants=(
         Variant("masks-special-tokens", _with_masking(MASKS_SPECIALS)),
         Variant("no-80-10-10", _with_masking(ALWAYS_MASK)),
+    ),
+    # two short documents of one to three segments, in a vocabulary of a few words
+    small=(
+        _instances_case(_synthetic(2, (1, 2), (1, 2), n_words=3), 0, 8, 0.1, vocab=_synthetic_vocab(3)),
+        _instances_case(_synthetic(2, (2, 3), (1, 3), n_words=3), 1, 10, 0.1, vocab=_synthetic_vocab(3)),
+        _instances_case(_synthetic(3, (2, 3), (2, 3), n_words=4), 0, 12, 0.0, vocab=_synthetic_vocab(4)),
     ),
     tests=(
         Test(
@@ -757,6 +781,13 @@ MASK_TOKENS = Graded(
         Variant("masks-special-tokens", _ignores_special_mask),
         Variant("no-80-10-10", _masks_every_selected),
     ),
+    # Graded statistically: a rate is told apart only over thousands of tokens (each within
+    # its Hoeffding bound), so the smallest input is one short row, called 600 times.
+    small=(
+        _mask_case((1, 8), 8, 4, 600, mlm_probability=0.5),
+        _two_ids_case((1, 8), 600, mlm_probability=0.5),
+        _mask_case((2, 8), 10, 4, 600),
+    ),
     tests=(
         Test(
             "real sentence pairs, 600 seeded calls",
@@ -803,6 +834,8 @@ HEADS = Graded(
     reference=ref.BertPretrainingHeads,
     kind="driver",
     driver="pretraining:heads",
+    # H = 2 and 3 (a LayerNorm over one unit is its bias, over two only a sign), a vocabulary of two
+    small=(_heads_case(1, 1, 2, 2), _heads_case(1, 1, 3, 2), _heads_case(2, 2, 3, 3, eps=1e-5)),
     tests=(
         Test(
             "float32",
@@ -852,6 +885,8 @@ LOSS = Graded(
         Variant("nsp-label-flipped", _nsp_flipped),
         Variant("mlm-loss-over-all-tokens", _mlm_over_all_positions),
     ),
+    # one labelled position, then one unlabelled beside it (its -100 must not count)
+    small=(_loss_case(1, 1, 2, 1.0), _loss_case(1, 2, 2, 0.0), _loss_case(2, 2, 3, 0.5)),
     tests=(
         Test(
             "float32",

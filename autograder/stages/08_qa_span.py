@@ -49,6 +49,7 @@ SPAN_HEAD = Graded(
     outputs=("start_logits", "end_logits"),
     reference=ref.SpanHead,
     kind="module",
+    small=(_head_case(1, 1, 1), _head_case(1, 2, 1), _head_case(1, 2, 2)),
     tests=(
         Test("float32", torch.float32, points=1, hidden=False, cases=_head_cases((2, 7, 8), (1, 5, 16))),
         Test("float64", torch.float64, points=1, hidden=False, cases=_head_cases((3, 4, 6))),
@@ -84,6 +85,13 @@ SPAN_LOSS = Graded(
     signature="span_loss(start_logits, end_logits, start_positions, end_positions) -> scalar tensor",
     outputs=("loss",),
     reference=ref.span_loss,
+    # two positions, then a position past the end (ignored) and a negative one (position 0)
+    small=(
+        _loss_case(1, 2, [(0, 1)]),
+        _loss_case(1, 2, [(1, 1)]),
+        _loss_case(2, 2, [(0, 2), (-1, 1)]),
+        _loss_case(2, 3),
+    ),
     tests=(
         Test(
             "float32, positions inside the sequence",
@@ -317,6 +325,20 @@ BEST_SPAN = Graded(
     reference=ref.best_span,
     graded_region=_rows_with_context,
     variants=BEST_SPAN_VARIANTS,
+    # [CLS] q [SEP] and a context of one to four tokens; limits of 1 and 2; rows whose
+    # context logits are all negative (a masked position's 0 must not win); several rows,
+    # where one mistake shows and another does not. The logits are integers at every level.
+    small=tuple(
+        _span_case(**kwargs)
+        for kwargs in (
+            dict(b=1, length=5),
+            dict(b=1, length=6, max_answer_len=1),
+            dict(b=1, length=6, negative_rows=1),
+            dict(b=2, length=7, max_answer_len=1, negative_rows=1),
+            dict(b=3, length=8, max_answer_len=1),
+            dict(b=3, length=8, max_answer_len=2, high=2),
+        )
+    ),
     tests=(
         Test(
             "float32, ties and context masks",
@@ -446,6 +468,17 @@ SQUAD = Graded(
     driver="qa:em_f1_table",
     returns="ndarray",
     variants=SQUAD_VARIANTS,
+    # one pair each, on words of no case: an article, punctuation, capitals, a repeated word
+    small=tuple(
+        _squad_case([pair])
+        for pair in (
+            ["the cat", ["cat"]],
+            ["cat!", ["cat"]],
+            ["Cat", ["cat"]],
+            ["cat cat", ["cat"]],
+            ["a cat sat", ["cat", "the dog sat"]],
+        )
+    ),
     tests=(
         Test(
             "punctuation, articles, several ground truths",

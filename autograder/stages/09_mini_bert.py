@@ -103,14 +103,15 @@ def _embeddings_case(
     eps: float | None = TINY["eps"],
     constant_token: bool = False,
     omit_none: bool = False,
+    **overrides: int,
 ):
     """``omit_none``: no token types is ``forward(input_ids)`` (the default), not ``(input_ids, None)``.
-    ``constant_token``: see ``_constant_sum``."""
+    ``constant_token``: see ``_constant_sum``. ``overrides``: other sizes than TINY's."""
 
     def build(g, dtype):
-        config = _config(EMBEDDING_KEYS, eps, {})
+        config = _config(EMBEDDING_KEYS, eps, overrides)
         state = _random_state(ref.BertEmbeddings(**config), g, dtype)
-        input_ids, token_type_ids, _ = _batch(g, b, length, TINY["vocab_size"], False, types)
+        input_ids, token_type_ids, _ = _batch(g, b, length, config["vocab_size"], False, types)
         if constant_token:
             _constant_sum(state, "", input_ids, token_type_ids)
         args = (input_ids,) if omit_none and token_type_ids is None else (input_ids, token_type_ids)
@@ -144,6 +145,15 @@ def _model_case(
         return CaseData(args=(input_ids,), kwargs=kwargs, init_kwargs=config, state=state)
 
     return build
+
+
+# The smallest configurations counterexamples are tried on (``Graded.small``): a hidden size of
+# 3 (a LayerNorm over 2 values keeps only the sign of their difference, which hides most
+# mistakes), and two of what the mistakes need (word ids, positions, token types).
+SMALL_EMBEDDINGS = dict(vocab_size=2, hidden_size=3, max_position_embeddings=2, type_vocab_size=2)
+SMALL_MODEL = dict(
+    SMALL_EMBEDDINGS, num_layers=1, num_heads=1, intermediate_size=1, max_position_embeddings=3
+)
 
 
 def _real_positions(mask: Tensor | None) -> tuple[Tensor | None]:
@@ -262,6 +272,11 @@ EMBEDDINGS = Graded(
     reference=ref.BertEmbeddings,
     kind="module",
     variants=(Variant("no-embedding-layernorm", _EmbeddingsWithoutLayerNorm),),
+    small=(
+        _embeddings_case(1, 1, False, **SMALL_EMBEDDINGS),
+        _embeddings_case(1, 2, True, **SMALL_EMBEDDINGS),
+        _embeddings_case(2, 2, True, **SMALL_EMBEDDINGS),
+    ),
     tests=(
         Test(
             "float32",
@@ -306,6 +321,14 @@ MODEL = Graded(
     variants=(
         Variant("no-embedding-layernorm", _ModelWithoutEmbeddingLayerNorm),
         Variant("attention-mask-ignored", _ModelIgnoringMask),
+    ),
+    # one layer of hidden size 3: one head (then three, where a broken split of 02 shows), a
+    # padded batch (where a mask that is not passed on shows)
+    small=(
+        _model_case(1, 1, False, False, **SMALL_MODEL),
+        _model_case(1, 2, False, True, **SMALL_MODEL),
+        _model_case(1, 2, False, False, **{**SMALL_MODEL, "num_heads": 3}),
+        _model_case(2, 3, True, False, **SMALL_MODEL),
     ),
     tests=(
         Test(
@@ -361,6 +384,10 @@ PRETRAINED = Graded(
     forbidden=FORBIDDEN,
     graded_region=lambda data: _real_positions(data.args[2]),
     tolerance=_pretrained_tolerance,
+    # MiniLM's real weights whatever the input, and each call builds and loads the whole
+    # model (~0.3 s): one short padded pair of rows (where a mask left out shows), public
+    # words, in each dtype
+    small=(_pretrained_case(("cat", "the cat sat")),),
     variants=(
         Variant("layernorms-swapped", _load_with_norms_swapped),
         # mistakes of the model, seen on the real weights

@@ -7,11 +7,14 @@ Specs are data: builders and variants are small functions, nothing runs at impor
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -106,6 +109,15 @@ class Graded:
     # tag their tests with it, and tests/test_curriculum.py holds the two files together.
     # None only for a stage defined outside bertlab's own (a toy under tests/).
     clause: str | None = None
+    # Counterexamples: builders of this name's smallest inputs, public by construction. When
+    # a student's name fails (on a public or a hidden test), the grader and the self-check try
+    # ``small_cases(spec, graded)`` (every builder here, at every value level of
+    # ``SMALL_VALUES``, in each dtype of the name's tests) smallest first, and show the first
+    # one on which the student's code disagrees with the reference. See ``small_cases``.
+    small: tuple[Builder, ...] = ()
+    # Why ``small`` is empty, when it is (every graded name of a bertlab stage has one or
+    # the other: tests/test_counterexamples.py).
+    no_small: str | None = None
 
     def returns_per_output(self) -> tuple[str, ...]:
         if isinstance(self.returns, str):
@@ -148,6 +160,8 @@ class StageSpec:
                 raise ValueError(f"{self.id}.{g.name}: test groups repeat: {groups}")
             if g.clause is not None and not g.clause.startswith(f"{self.id[:2]}."):
                 raise ValueError(f"{self.id}.{g.name}: clause {g.clause!r} is not one of this stage's")
+            if g.small and g.no_small:
+                raise ValueError(f"{self.id}.{g.name}: small inputs, or a reason why there are none")
 
     @property
     def number(self) -> int:
@@ -176,13 +190,158 @@ def build_case(spec: StageSpec, graded: Graded, test: Test, case: Case) -> CaseD
     return case.build(g, test.dtype)
 
 
+# -- small inputs: counterexamples ------------------------------------------------------------
+#
+# A counterexample is the smallest public input on which a student's graded name disagrees
+# with the reference (grader/counterexample.py; the self-check ships the same inputs). Its
+# candidates are ``small_cases(spec, graded)``: the name's ``small`` builders (the stage's own
+# case builders at their smallest sizes), each built at every value level below and in each
+# dtype the name is graded in, ordered smallest first (fewest numbers in the input, then the
+# simplest values), without repeats, at most MAX_SMALL_CASES of them. That order is the
+# shrinking: shapes first, then values toward small integers, so the first input that fails
+# is the smallest the search knows, and a student can read it.
+#
+# For a new stage: give every graded name ``small=(builder, ...)`` (the builders its cases
+# use, at the smallest sizes that can show each of its mistakes: 1-3 positions, a feature
+# or two, two keys where a softmax must have a choice), or ``no_small="why"``. Builders draw
+# their floats through ``randn`` below, so the value levels reach them for free; any other
+# value (an index, a length, a mask) is the builder's own and stays valid at every level.
+# Small builders must not use a hidden case's data (strings, sentences, constants): their
+# inputs are shown to students.
+
+# The value levels ``randn`` draws at while ``small_cases`` builds (the last is the builder's
+# own normal samples): simple numbers first, so a counterexample is readable when it can be.
+SMALL_VALUES = ("integers in [-1, 1]", "integers in [-3, 3]", "halves in [-2, 2]", "normal samples")
+MAX_SMALL_CASES = 40  # per graded name: the budget of a search is a few dozen calls
+_VALUE_LEVEL: ContextVar[int | None] = ContextVar("bertlab_small_values", default=None)
+
+
+@contextlib.contextmanager
+def small_values(level: int) -> Iterator[None]:
+    """``randn`` draws at ``SMALL_VALUES[level]`` inside this block."""
+    token = _VALUE_LEVEL.set(level)
+    try:
+        yield
+    finally:
+        _VALUE_LEVEL.reset(token)
+
+
+@dataclass(frozen=True)
+class SmallCase:
+    """One candidate input of a counterexample search, in the order ``small_cases`` gives."""
+
+    label: str  # "small input 3 of 40: builder 2, integers in [-1, 1], float64"
+    dtype: torch.dtype
+    data: CaseData
+    size: int  # how many numbers (and words) the input holds
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, Tensor):
+        return value.numel()
+    if isinstance(value, np.ndarray):
+        return int(value.size)
+    if isinstance(value, str):
+        return max(1, len(value.split()))
+    if isinstance(value, list | tuple):
+        return sum(_count(v) for v in value)
+    if isinstance(value, Mapping):
+        return sum(_count(v) for v in value.values())
+    return 0 if value is None else 1
+
+
+def _fingerprint(data: CaseData) -> bytes:
+    """The same bytes for the same input: repeats (a builder whose values no level changes,
+    the same ints in two dtypes) are tried once."""
+    digest = hashlib.sha256()
+
+    def feed(value: Any) -> None:
+        if isinstance(value, Tensor | np.ndarray):
+            t = torch.as_tensor(value).detach().cpu().contiguous()
+            digest.update(f"{type(value).__name__}{t.dtype}{tuple(t.shape)}".encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, list | tuple):
+            digest.update(f"{type(value).__name__}{len(value)}(".encode())
+            for v in value:
+                feed(v)
+            digest.update(b")")
+        elif isinstance(value, Mapping):
+            digest.update(f"dict{len(value)}(".encode())
+            for k, v in value.items():
+                digest.update(repr(k).encode())
+                feed(v)
+            digest.update(b")")
+        else:
+            digest.update(f"{type(value).__name__}:{value!r};".encode())
+
+    feed((data.args, dict(data.kwargs), data.init_args, dict(data.init_kwargs), dict(data.state or {})))
+    return digest.digest()
+
+
+def small_dtypes(graded: Graded) -> tuple[torch.dtype, ...]:
+    """The dtypes a name's small inputs are built in: those of its tests, float64 first (its
+    values print exactly and its tolerance is the tightest), then in the tests' order."""
+    seen = list(dict.fromkeys(t.dtype for t in graded.tests))
+    return tuple(sorted(seen, key=lambda d: d != torch.float64))
+
+
+def small_cases(spec: StageSpec, graded: Graded, limit: int = MAX_SMALL_CASES) -> tuple[SmallCase, ...]:
+    """The candidates of ``graded``'s counterexample search, smallest first (see above).
+
+    Deterministic: each candidate's seed comes from (stage, name, builder, level), never from
+    a test's group or a case's label, so no candidate is a hidden case's input. The same on
+    every call, so the grader and the self-check data try the same inputs in the same order."""
+    found: list[tuple[tuple[int, int, int, int], str, torch.dtype, CaseData, int]] = []
+    seen: set[bytes] = set()
+    dtypes = small_dtypes(graded)
+    for b, build in enumerate(graded.small):
+        for level, values in enumerate(SMALL_VALUES):
+            for d, dtype in enumerate(dtypes):
+                g = torch.Generator().manual_seed(case_seed(spec.id, graded.name, "small", f"{b}/{level}"))
+                with small_values(level):
+                    data = build(g, dtype)
+                key = _fingerprint(data)
+                if key in seen:
+                    continue
+                seen.add(key)
+                size = _count((data.args, data.kwargs, data.init_args, data.init_kwargs, data.state))
+                what = f"builder {b + 1}, {values}, {str(dtype).removeprefix('torch.')}"
+                found.append(((size, level, d, b), what, dtype, data, size))
+    found.sort(key=lambda f: f[0])
+    found = found[:limit]
+    return tuple(
+        SmallCase(f"small input {i} of {len(found)}: {what}", dtype, data, size)
+        for i, (_, what, dtype, data, size) in enumerate(found, start=1)
+    )
+
+
 # -- helpers for builders ---------------------------------------------------------------
 
 
 def randn(g: torch.Generator, *shape: int, dtype: torch.dtype, scale: float = 1.0) -> Tensor:
     """Standard normal samples drawn in float64 then cast, so float32 and float64 cases of
-    one seed hold the same numbers up to rounding."""
-    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+    one seed hold the same numbers up to rounding.
+
+    Inside ``small_values(level)`` (counterexample candidates), simpler numbers instead:
+    integers or halves (``SMALL_VALUES``), times ``scale`` when it is 1 or more (large
+    magnitudes stay large), else as they are (a weight's 1/sqrt(d) would only make them
+    harder to read)."""
+    level = _VALUE_LEVEL.get()
+    if level is None or level >= len(SMALL_VALUES) - 1:
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+    high, step = ((1, 1.0), (3, 1.0), (4, 0.5))[level]
+    values = torch.randint(-high, high + 1, shape, generator=g, dtype=torch.int64).to(torch.float64) * step
+    return (values * (scale if scale >= 1 else 1.0)).to(dtype)
+
+
+def rand(g: torch.Generator, *shape: int) -> Tensor:
+    """Uniform samples in [0, 1), float64 (``torch.rand``'s); inside ``small_values``, 0 or 1
+    at the integer levels and 0 or 0.5 at the halves (see ``randn``)."""
+    level = _VALUE_LEVEL.get()
+    if level is None or level >= len(SMALL_VALUES) - 1:
+        return torch.rand(*shape, generator=g, dtype=torch.float64)
+    step = 0.5 if level == 2 else 1.0
+    return torch.randint(0, 2, shape, generator=g, dtype=torch.int64).to(torch.float64) * step
 
 
 def randint(g: torch.Generator, low: int, high: int, *shape: int) -> Tensor:
