@@ -279,3 +279,71 @@ def test_locate_submission_finds_the_zipped_folder(tmp_path):
     assert Submission.upload(sub, [STAGE]).path == sub / "hw"
     (sub / f"{STAGE}.ipynb").write_text("{}")
     assert Submission.upload(sub, [STAGE]).path == sub
+
+
+# -- setup.sh: which Python builds the image -------------------------------------------------
+
+
+def _setup_dir(tmp: Path, pythons: dict[str, str]) -> tuple[Path, dict[str, str]]:
+    """A copy of setup.sh whose PATH holds only ``pythons`` (name -> shell script body), an
+    apt-get that fails (no root, no network: as in a test) and the tools the script uses;
+    scripts/install.sh records its arguments instead of installing."""
+    from autograder.grader.gradescope import SETUP_SH
+
+    here, bin_ = tmp / "source", tmp / "bin"
+    (here / "scripts").mkdir(parents=True)
+    bin_.mkdir()
+    (here / "setup.sh").write_text(SETUP_SH)
+    (here / "scripts" / "install.sh").write_text(f'echo "$@" > {tmp / "installed"}\n')
+    for tool in ("bash", "dirname", "rm"):
+        (bin_ / tool).symlink_to(shutil.which(tool))
+    stubs = {"apt-get": 'echo "E: Could not open lock file /var/lib/dpkg/lock-frontend" >&2; exit 100'}
+    for name, body in {**stubs, **pythons}.items():
+        (bin_ / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_ / name).chmod(0o755)
+    return here, {"PATH": str(bin_), "HOME": str(tmp)}
+
+
+def _setup(here: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [shutil.which("bash"), "setup.sh"], cwd=here, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+# a python3.13 that is on PATH but cannot start (a dangling library, a broken wrapper)
+BROKEN = 'echo "python3.13: error while loading shared libraries: libpython3.13.so.1.0" >&2; exit 127'
+TOO_OLD = 'case "$*" in *version_info*) exit 1;; esac; echo "Python 3.8.10"'
+
+
+def test_setup_fails_early_and_clearly_when_no_python_runs(tmp_path):
+    here, env = _setup_dir(tmp_path, {"python3.13": BROKEN, "python3": TOO_OLD})
+    proc = _setup(here, env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "setup.sh: no Python >= 3.11 runs here; installing python3.11 with apt-get" in proc.stderr
+    assert "setup.sh: apt-get update failed: cannot install python3.11" in proc.stderr
+    assert "No such file" not in proc.stderr  # it stopped there, not at .venv/bin/python
+    assert not (here / ".venv").exists() and not (tmp_path / "installed").exists()
+
+
+def test_setup_skips_a_python_that_does_not_run_and_uses_the_next(tmp_path):
+    real = sys.executable  # a Python >= 3.11 that runs, under another name
+    here, env = _setup_dir(tmp_path, {"python3.13": BROKEN, "python3.12": f'exec "{real}" "$@"'})
+    proc = _setup(here, env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"setup.sh: using {tmp_path / 'bin' / 'python3.12'} (Python 3." in proc.stdout
+    assert (tmp_path / "installed").read_text() == ".venv/bin/python requirements.txt\n"
+    assert subprocess.run([str(here / ".venv" / "bin" / "python"), "-c", "pass"]).returncode == 0
+
+
+def test_setup_stops_when_no_venv_can_be_made(tmp_path):
+    real = sys.executable  # runs, but its venv module fails (Debian without python3.X-venv)
+    no_venv = (
+        f'case "$*" in "-m venv"*) echo "ensurepip is not available" >&2; exit 1;; esac\nexec "{real}" "$@"'
+    )
+    here, env = _setup_dir(tmp_path, {"python3.12": no_venv})
+    proc = _setup(here, env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    minor = f"python3.{sys.version_info[1]}-venv"
+    assert f"setup.sh: python3.12 cannot create a venv; installing {minor} with apt-get" in proc.stderr
+    assert f"setup.sh: apt-get could not install {minor}" in proc.stderr
+    assert not (here / ".venv").exists() and not (tmp_path / "installed").exists()

@@ -59,17 +59,50 @@ SETUP_SH = """\
 #!/usr/bin/env bash
 # Gradescope runs this once, when it builds the autograder's image: a venv beside the
 # code, installed by scripts/install.sh (the same commands as `make` and docker/).
+# Every step is checked where it happens, so a broken image fails here, naming the step,
+# and not later in the first student's run.
 set -euo pipefail
 cd "$(dirname "$0")"
-py=""
-for v in python3.13 python3.12 python3.11; do
-    if command -v "$v" >/dev/null; then py=$v; break; fi
-done
-if [ -z "$py" ]; then  # bertlab needs Python >= 3.11 (pyproject.toml)
-    apt-get update -qq && apt-get install -y -qq python3.11 python3.11-venv
-    py=python3.11
+
+fail() {
+    echo "setup.sh: $*" >&2
+    exit 1
+}
+
+# A name on PATH proves nothing: a python3.13 may be a dangling link or a wrapper that
+# cannot start. A candidate counts only if it runs and is new enough (pyproject.toml).
+usable_python() {
+    local v
+    for v in python3.13 python3.12 python3.11 python3; do
+        if command -v "$v" >/dev/null 2>&1 &&
+            "$v" -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1; then
+            echo "$v"
+            return 0
+        fi
+    done
+    return 1
+}
+
+if ! py=$(usable_python); then
+    echo "setup.sh: no Python >= 3.11 runs here; installing python3.11 with apt-get" >&2
+    apt-get update -qq || fail "apt-get update failed: cannot install python3.11"
+    apt-get install -y -qq python3.11 python3.11-venv || fail "apt-get could not install python3.11"
+    py=$(usable_python) || fail "python3.11 was installed, but no Python >= 3.11 runs"
 fi
-"$py" -m venv .venv || { apt-get update -qq && apt-get install -y -qq "$py-venv" && "$py" -m venv .venv; }
+echo "setup.sh: using $(command -v "$py") ($("$py" --version 2>&1))"
+
+# Debian's Python makes no venv without its pythonX.Y-venv package: install it once, then
+# the venv must work, or nothing below can.
+if ! "$py" -m venv .venv; then
+    rm -rf .venv
+    venv_pkg="python3.$("$py" -c 'import sys; print(sys.version_info[1])')-venv"
+    echo "setup.sh: $py cannot create a venv; installing $venv_pkg with apt-get" >&2
+    { apt-get update -qq && apt-get install -y -qq "$venv_pkg"; } ||
+        fail "apt-get could not install $venv_pkg"
+    "$py" -m venv .venv || fail "$py cannot create a venv, even with $venv_pkg"
+fi
+.venv/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+    fail ".venv/bin/python does not run: the venv made by $py is broken"
 bash scripts/install.sh .venv/bin/python requirements.txt
 """
 
