@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test explore lint generate bench bench-class mutation clean
+.PHONY: demo test explore lint generate bench bench-class mutation docker docker-cuda docker-check clean
 
 # scripts/install.sh is the one list of install commands: the Gradescope autograder
 # (setup.sh) and docker/Dockerfile run it too, on requirements.txt alone.
@@ -48,6 +48,33 @@ bench-class: $(STAMP)
 # Fails while a stage scores under 97 % or a survivor is unexplained. ARGS="01_attention".
 mutation: $(STAMP)
 	$(BIN)/python -m mutation $(ARGS)
+
+# The TAs' image (docker/Dockerfile), built offline: the base image made here if missing
+# (docker/base.sh), the wheels for its Python downloaded first (docker/wheelhouse.sh, into
+# build/wheelhouse-cpu), then `docker build` with no network. bertlab: CPU torch, ~1.6 GB.
+# DOCKER_BASE: bertlab-base:bookworm, Debian bookworm's Python 3.11 made by debootstrap
+# from a Debian mirror (no Docker registry needed; BASE_ROOTFS=DIR imports a tree made
+# already), or any image with python3 3.11 and venv (python:3.11-slim, where Docker Hub answers).
+DOCKER_BASE ?= bertlab-base:bookworm
+docker:
+	bash docker/base.sh $(DOCKER_BASE)
+	PYTHON=$(PY) bash docker/wheelhouse.sh cpu $(DOCKER_BASE) build/wheelhouse-cpu
+	docker build -f docker/Dockerfile --build-arg BASE=$(DOCKER_BASE) -t bertlab .
+
+# The same with torch's CUDA build and its nvidia-* wheels (~6 GB): bertlab:cuda, for
+# docker run --gpus all ... bertlab:cuda batch /submissions --device cuda.
+docker-cuda:
+	bash docker/base.sh $(DOCKER_BASE)
+	PYTHON=$(PY) bash docker/wheelhouse.sh cuda $(DOCKER_BASE) build/wheelhouse-cuda
+	docker build -f docker/Dockerfile --build-arg BASE=$(DOCKER_BASE) --build-arg VARIANT=cuda -t bertlab:cuda .
+
+# The TAs' path end to end (docker/check.py): builds the CPU image as `make docker` does,
+# grades examples/class in it with README.md's docker run command, word for word, and
+# compares every score with the host's; no solution in any layer (docker save), the grader
+# as root, out/ missing or not mounted, feedback. Needs a Docker engine (else SKIPPED), so
+# it is not part of `make test`. ARGS="--cold": a build with no cache, timed.
+docker-check: $(STAMP)
+	$(BIN)/python docker/check.py --base $(DOCKER_BASE) $(ARGS)
 
 clean:
 	rm -rf $(VENV) build

@@ -225,7 +225,10 @@ def test_makefile_dockerfile_and_setup_install_with_one_script():
     makefile = (ROOT / "Makefile").read_text()
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
     assert _install_calls(makefile) == [("scripts/install.sh", "$(BIN)/python", "requirements-dev.txt")]
-    assert _install_calls(dockerfile) == [("scripts/install.sh", "/opt/venv/bin/python", "requirements.txt")]
+    # the image's first layer is the pinned packages alone (kept while the code changes)
+    image = ("scripts/install.sh", "/opt/venv/bin/python", "requirements.txt")
+    assert _install_calls(dockerfile) == [image, image]
+    assert "requirements.txt --packages-only" in dockerfile
     for text in (makefile, dockerfile):  # no second list of install commands to drift
         assert "pip install" not in text
     # the dev requirements are the runtime ones plus tools, so the images grade as make's venv does

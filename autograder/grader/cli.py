@@ -26,6 +26,7 @@ from autograder.grader.options import (
     usage_error,
     warn_if_exposed,
 )
+from autograder.sandbox.confine import SandboxUnusable
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="bertlab: grade Transformer/BERT exercises."
@@ -351,9 +352,11 @@ def generate(
 
 @app.command()
 def doctor() -> None:
-    """Which sandbox layers this machine offers to the child that runs student code."""
+    """Which sandbox layers this machine offers to the child that runs student code, and
+    whether a confined child can run a submission at all (exit 3 if not)."""
     from rich.table import Table
 
+    from autograder.grader.runner import ForkServer
     from autograder.sandbox.confine import detect
 
     report = detect()
@@ -362,12 +365,30 @@ def doctor() -> None:
     table.add_column("active")
     table.add_column("detail")
     for layer in report.layers:
-        table.add_row(layer.name, "[green]yes[/green]" if layer.active else "[red]no[/red]", layer.detail)
+        active = (
+            "[yellow]degraded[/yellow]"
+            if layer.degraded
+            else "[green]yes[/green]"
+            if layer.active
+            else "[red]no[/red]"
+        )
+        table.add_row(layer.name, active, layer.detail)
     console.print(table)
-    if report.missing:
-        console.print(f"missing: {', '.join(report.missing)}")
+    degraded = [layer.name for layer in report.layers if layer.degraded]
+    if report.missing or degraded:
+        console.print(
+            f"missing: {', '.join(report.missing) or 'none'}; degraded: {', '.join(degraded) or 'none'}"
+        )
     else:
         console.print("all layers active")
+    # the grader's own start-up check: a confined child imports and answers a call
+    try:
+        with ForkServer() as server:
+            server.wait_ready()
+    except RuntimeError as exc:  # SandboxUnusable, or a server that did not start
+        err.print(f"student code cannot run here: {exc}", markup=False, highlight=False)
+        raise typer.Exit(3) from None
+    console.print("a confined child runs a submission: yes")
 
 
 @app.command()
@@ -392,6 +413,10 @@ def main() -> None:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
+    except SandboxUnusable as exc:  # this machine, not a student: no grade is written
+        err.print(f"bertlab: cannot grade here: {exc}", markup=False, highlight=False)
+        err.print("`python -m autograder doctor` shows each sandbox layer.", markup=False, highlight=False)
+        sys.exit(3)
     except Exception as exc:  # a grader fault: say so clearly and fail
         err.print(f"bertlab: internal error: {type(exc).__name__}: {exc}", markup=False, highlight=False)
         sys.exit(1)

@@ -74,6 +74,7 @@ class Grader:
         for stage in sorted(set(stages) | {dep for s in stages for dep in requires(s)}):
             plan = self.plan(stage)
             plan.inputs_file, plan.hidden_file  # noqa: B018  (serialised once, here)
+        self.server.wait_ready()  # a sandbox that cannot run student code fails here, once
 
     def close(self) -> None:
         if self._server is not None:

@@ -28,11 +28,13 @@ from pathlib import Path
 from queue import Queue
 from typing import Any
 
+import safetensors.torch
 import torch
 
 from autograder.runtime import wire
 from autograder.runtime.harness import CallSpec
 from autograder.sandbox import confine
+from autograder.sandbox.confine import SandboxUnusable
 
 # What the grader accepts from the children of one submission. Every byte a child sends is
 # read (or the child is cut off), but only these amounts are ever held, whatever it sends.
@@ -110,8 +112,27 @@ def _exit_reason(code: int | None) -> str:
     return f"the process exited with status {code}"
 
 
+# The start-up check's submission: an import read from the Python installation now (as a
+# student's first cell does; the fork server preloads only what grading itself uses) and
+# one call answered through the real pipe.
+SELF_TEST_CELL = """\
+import os, sys
+os.listdir(os.path.dirname(os.__file__))
+sys.modules.pop("colorsys", None)
+import colorsys
+import torch
+open(torch.__file__, "rb").close()
+def double(x):
+    return 2 * x
+"""
+
+
 class ForkServer:
-    """A warm interpreter (torch imported) that forks one child per job. Thread-safe."""
+    """A warm interpreter (torch imported) that forks one child per job. Thread-safe.
+
+    Before its first job, a child is confined and runs a trivial call (``self_test``): a
+    machine where the sandbox cannot be set up, or leaves the child unable to import,
+    raises ``SandboxUnusable`` with the reason, instead of grading everyone 0."""
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -147,6 +168,8 @@ class ForkServer:
         self._waiting: dict[int, Queue] = {}
         self._ready = threading.Event()
         self._gone = False
+        self._checking = threading.RLock()  # reentrant: the self-test's own fork comes back here
+        self._checked, self._unusable = False, ""
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self._cleanups: Queue = Queue()
@@ -206,9 +229,39 @@ class ForkServer:
                 q.put(reply)
 
     def wait_ready(self, timeout: float = 300.0) -> None:
-        """Block until the server has imported torch and warmed up."""
+        """Block until the server has imported torch, warmed up and passed ``self_test``."""
         if not self._ready.wait(timeout) or self._gone:
             raise RuntimeError("the fork server did not start: see the messages above")
+        with self._checking:
+            if not self._checked:
+                self._checked = True
+                self._unusable = self.self_test() or ""
+        if self._unusable:
+            raise SandboxUnusable(self._unusable)
+
+    def self_test(self) -> str | None:
+        """Confine a child and make one call in it, as grading does: None if it answered
+        right, else why not."""
+        x = torch.arange(3, dtype=torch.float64)
+        skeletons, tensors = encode_inputs([(0, {"args": (x,)})])
+        call = Planned(0, "double", "function", ("y",), (), skeletons[0])
+        report = run_submission(
+            self,
+            [("self-test", SELF_TEST_CELL)],
+            "bertlab_self_test",
+            [call],
+            safetensors.torch.save(tensors),
+            "cpu",
+            Limits(call_s=60.0, cell_s=60.0, submission_s=120.0),
+        )
+        outcome = report.calls[0]
+        returned = outcome.outputs[0][1] if outcome.status == "ok" and outcome.outputs else None
+        if isinstance(returned, torch.Tensor) and torch.equal(returned, 2 * x):
+            return None
+        errors = [f"{e['type']}: {e['message']}" for e in report.cell_errors.values()]
+        call = f"its call: {outcome.info.get('message') or outcome.status}"
+        why = [*errors, report.stdout.strip(), *report.notes, call]
+        return "a confined child could not run a trivial submission: " + "; ".join(w for w in why if w)
 
     def fork(self, job: Path, event_w: int, control_r: int | None = None) -> tuple[int, Queue]:
         """Fork a child for ``job``: it writes events to ``event_w`` and reads the

@@ -36,6 +36,7 @@ from autograder.sandbox import confine
 drivers.import_all()  # in the fork server: a confined child can no longer read their files
 
 MAX_TEXT = 2000
+CONFINE_FAILED = 72  # the exit code of a child that could not be confined
 MAX_OUTPUT_ELEMENTS = 1 << 24  # per call; far above any case, far below a memory problem
 
 
@@ -214,7 +215,11 @@ def main(job_dir: str, event_fd: int, control_fd: int | None = None) -> int:
     work = job / "work"
     # Everything the child needs is read: from here on it can reach nothing else.
     started = time.perf_counter()
-    layers, failed = confine.confine(work, resume.get("uid"), confine.Budget(**plan.get("budget", {})))
+    try:
+        layers, failed = confine.confine(work, resume.get("uid"), confine.Budget(**plan.get("budget", {})))
+    except OSError as exc:  # no student code runs unconfined; the grader's start-up check says why
+        print(f"bertlab: the sandbox could not be set up: {exc}", file=sys.stderr, flush=True)
+        return CONFINE_FAILED
     emit(e="sandbox", layers=layers, failed=failed, ms=round(1000 * (time.perf_counter() - started), 3))
     os.chdir(work)
     sys.argv = [plan["module_name"]]

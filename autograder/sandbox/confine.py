@@ -13,7 +13,9 @@ Landlock                   child       reading the reference, specs, solutions, 
                                        anywhere but the work dir; TCP; signalling any
                                        process outside the sandbox (the grader)
 unprivileged per-job uid   child       everything root may do; lets the parent kill
-                                       every process the job left behind, by uid
+                                       every process the job left behind, by uid (with
+                                       CAP_DAC_READ_SEARCH alone if Landlock bounds reads
+                                       and the machine allows it, else no capability)
 seccomp (all threads)      child       connecting to unix socket files (D-Bus, X11, agents,
                                        syslog); sockets of families the network namespace
                                        does not confine (vsock, bluetooth...); every path
@@ -70,6 +72,11 @@ def _default_lock_dir() -> Path:
 
 LOCK_DIR = _default_lock_dir()
 
+
+class SandboxUnusable(RuntimeError):
+    """A confined child cannot run student code on this machine: every grade would be 0."""
+
+
 # -- limits ------------------------------------------------------------------------------
 
 
@@ -93,6 +100,7 @@ class Layer:
     name: str
     active: bool
     detail: str
+    degraded: bool = False  # active, but less than it is where the machine allows it all
 
 
 @dataclass
@@ -123,6 +131,89 @@ def _probe(fn) -> bool:
     return os.waitstatus_to_exitcode(status) == 0
 
 
+def _probe_text(fn) -> str:
+    """Run ``fn`` in a throw-away fork; what it returns, or why it raised, as text."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            text = str(fn())
+        except BaseException as exc:
+            text = f"error: {exc}"
+        os.write(w, text.encode()[:4000])
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        text = f.read().decode(errors="replace")
+    os.waitpid(pid, 0)
+    return text or "error: the probe died"
+
+
+def python_unreadable(paths: list[str]) -> str | None:
+    """The first of ``paths`` (``python_paths()``) this process cannot list or read; None
+    when it can read them all. A confined child imports from there what the fork server
+    did not preload."""
+    for path in paths:
+        try:
+            if os.path.isdir(path):
+                os.listdir(path)
+            else:
+                with open(path, "rb") as f:
+                    f.read(1)
+        except OSError as exc:
+            return f"{path} ({exc.strerror})"
+    return None
+
+
+def python_paths() -> list[str]:
+    """The Python installation: the standard library (and a module of it), site-packages.
+    Computed before a drop: sysconfig imports its data module on first use."""
+    paths = sysconfig.get_paths()
+    found = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    return list(dict.fromkeys([*found, os.__file__]))
+
+
+def _uid_layer(landlock: bool) -> Layer:
+    """Drop to a job uid in a throw-away fork, as a child does: which mode this machine
+    allows (uid + CAP_DAC_READ_SEARCH, or uid and no capabilities), and whether that uid
+    can still read the Python installation."""
+    name = "unprivileged uid"
+    if os.geteuid() != 0:
+        return Layer(name, False, "the grader is not root: children already run as this user")
+
+    python = python_paths()
+
+    def drop() -> str:
+        refused = _drop_to(uid, keep_read_search=landlock)
+        unreadable = python_unreadable(python)
+        return f"{'degraded' if refused else 'full'}\n{refused or ''}\n{unreadable or ''}"
+
+    try:
+        with lease_uid() as uid:
+            outcome = _probe_text(drop)
+    except RuntimeError as exc:  # the uid lock directory is refused
+        return Layer(name, False, str(exc))
+    if outcome.startswith("error: "):
+        return Layer(name, False, f"dropping to a job uid fails ({outcome[7:]}): grading refuses to start")
+    mode, refused, unreadable = outcome.split("\n")
+    if mode == "full":
+        detail = "per-job uid, only CAP_DAC_READ_SEARCH kept" if landlock else "per-job uid, no capabilities"
+    else:
+        detail = (
+            f"per-job uid, no capabilities: CAP_DAC_READ_SEARCH refused ({refused}; Docker's "
+            "default set lacks it)"
+        )
+    if unreadable:
+        detail += (
+            f"; it cannot read {unreadable}, so grading refuses to start: install Python where "
+            "every user may read it" + (" (or docker run --cap-add DAC_READ_SEARCH)" if refused else "")
+        )
+    elif refused:
+        detail += "; it can read the Python installation"
+    return Layer(name, True, detail, degraded=mode != "full" or bool(unreadable))
+
+
 def _can_tmpfs() -> bool:
     import tempfile
 
@@ -138,22 +229,26 @@ def detect() -> Report:
     abi = landlock_abi()
     netns = _probe(lambda: _libc.unshare(CLONE_NEWNET) == 0)
     seccomp = os.uname().machine == "x86_64" and _seccomp_works()
+    tmpfs = root and _can_tmpfs()
+    try:
+        offline = os.listdir("/sys/class/net") == ["lo"]
+    except OSError:
+        offline = False
     return Report(
         [
-            Layer(
-                "unprivileged uid",
-                root,
-                "per-job uid, only CAP_DAC_READ_SEARCH kept"
-                if root
-                else "the grader is not root: children already run as this user",
-            ),
+            _uid_layer(abi >= 1),
             Layer(
                 "network namespace",
                 netns,
                 "no network in children"
                 if netns
                 else "unshare(CLONE_NEWNET) refused"
-                + (" (TCP still denied by Landlock)" if abi >= 4 else ""),
+                + (" (TCP still denied by Landlock)" if abi >= 4 else "")
+                + (
+                    "; this machine has no network but loopback (docker run --network none)"
+                    if offline
+                    else ""
+                ),
             ),
             Layer(
                 "landlock",
@@ -166,8 +261,13 @@ def detect() -> Report:
             ),
             Layer(
                 "private tmpfs work dir",
-                root and _can_tmpfs(),
-                "size-limited, gone at exit" if root else "needs root",
+                tmpfs,
+                "size-limited, gone at exit"
+                if tmpfs
+                else "mounting it is refused (no CAP_SYS_ADMIN): the work dir's files are bounded by the "
+                "file-size limit only"
+                if root
+                else "needs root",
             ),
             Layer("resource limits", True, "address space, CPU, file size, processes, open files"),
             Layer("no_new_privs", True, "set-uid programs gain nothing"),
@@ -486,20 +586,57 @@ class _CapData(ctypes.Structure):
     ]
 
 
-def _drop_to(uid: int, keep_read_search: bool) -> None:
+def _capabilities() -> dict[str, int]:
+    """This process's capability sets as /proc shows them: CapPrm, CapEff, CapInh, CapAmb..."""
+    caps = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Cap"):
+                name, value = line.split(":", 1)
+                caps[name] = int(value, 16)
+    return caps
+
+
+def _capset(mask: int) -> None:
+    """Permitted and effective sets = ``mask``, inheritable empty (a superset is refused)."""
+    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    data = (_CapData * 2)()
+    for i in range(2):
+        data[i].effective = data[i].permitted = (mask >> (32 * i)) & 0xFFFFFFFF
+    _check(_libc.capset(ctypes.byref(header), data), "capset")
+
+
+def _drop_to(uid: int, keep_read_search: bool) -> str | None:
     """Become ``uid``; optionally keep CAP_DAC_READ_SEARCH (and nothing else), so a Python
     installed under a private home (pyenv in /root) stays importable. Landlock, not unix
-    permissions, is then what bounds reads."""
+    permissions, is then what bounds reads.
+
+    Where the capability cannot be kept (Docker's default set lacks it, so capset refuses
+    to grant it), the child goes on as ``uid`` with no capability at all: returns why it
+    was refused (None when it was kept, or not asked for). Fails closed (OSError): the uid
+    cannot be set, or any other capability is left, in any set."""
     if keep_read_search:
         _check(_libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "prctl(PR_SET_KEEPCAPS)")
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
+    kept, refused = 0, None
     if keep_read_search:
-        header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
-        data = (_CapData * 2)()
-        data[0].effective = data[0].permitted = 1 << CAP_DAC_READ_SEARCH
-        _check(_libc.capset(ctypes.byref(header), data), "capset")
+        try:
+            _capset(1 << CAP_DAC_READ_SEARCH)
+            kept = 1 << CAP_DAC_READ_SEARCH
+        except OSError as exc:
+            refused = str(exc)
+    if not kept:
+        # KEEPCAPS kept root's whole permitted set, which a child could make effective
+        # again; an inheritable set survives any setresuid
+        _capset(0)
+    left = {
+        name: f"{value:x}" for name, value in _capabilities().items() if name != "CapBnd" and value & ~kept
+    }
+    if left or os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid) or os.getgroups():
+        raise OSError(f"the drop to uid {uid} left privileges: {left or 'ids'}")
+    return refused
 
 
 def scrubbed_env(work: Path) -> dict[str, str]:
@@ -546,8 +683,11 @@ def confine(work: Path, uid: int | None, budget: Budget) -> tuple[list[str], lis
     abi = landlock_abi()
     landlocked = bool(abi) and attempt(f"landlock ABI {abi}", lambda: _landlock(abi, work))
     if root and uid is not None:
-        _drop_to(uid, keep_read_search=landlocked)  # fail closed: never run student code as root
-        applied.append(f"uid {uid}")
+        refused = _drop_to(uid, keep_read_search=landlocked)  # raises: never run student code as root
+        if refused:
+            failed.append(f"CAP_DAC_READ_SEARCH refused ({refused}): uid {uid} has no capabilities")
+        kept = landlocked and not refused
+        applied.append(f"uid {uid}" + (" + CAP_DAC_READ_SEARCH" if kept else ", no capabilities"))
     os.environ.clear()
     os.environ.update(scrubbed_env(work))
     import tempfile
