@@ -4,11 +4,12 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test explore lint generate bench bench-class mutation docker docker-cuda docker-check clean
+.PHONY: demo test explore lint generate bench bench-class bench-cold mutation docker docker-cuda docker-check clean
 
 # scripts/install.sh is the one list of install commands: the Gradescope autograder
-# (setup.sh) and docker/Dockerfile run it too, on requirements.txt alone.
-$(STAMP): requirements.txt requirements-dev.txt requirements-nodeps.txt pyproject.toml scripts/install.sh
+# (setup.sh) and docker/Dockerfile run it too, on requirements.txt alone (the grading
+# runtime); the venv here also gets the instructors' tools and the dev tools.
+$(STAMP): requirements.txt requirements-instructor.txt requirements-dev.txt requirements-nodeps.txt pyproject.toml scripts/install.sh
 	$(PY) -m venv $(VENV)
 	bash scripts/install.sh $(BIN)/python requirements-dev.txt
 	touch $(STAMP)
@@ -42,6 +43,13 @@ bench: $(STAMP)
 # the floor and the self-check latency (issue 9). ARGS="--students 50 --sample 10" to shorten.
 bench-class: $(STAMP)
 	$(BIN)/python benchmarks/bench_class.py $(ARGS)
+
+# Cold start (issue 19): a fresh `import torch` against the CLI on one stage-01 submission,
+# Gradescope's run_autograder on a temporary root (stage 01; all nine stages against
+# `batch --workers 1` per student) and 40 stage-01 notebooks through `batch` against real
+# `nbgrader autograde`, each target a ratio measured in the same run. ARGS="--repeat 3".
+bench-cold: $(STAMP)
+	$(BIN)/python benchmarks/bench_cold.py $(ARGS)
 
 # Mutation testing of the hidden cases: every stage's reference mutated (cosmic-ray and
 # mutation/operators.py), each mutant graded as a submission; reports in build/mutation/.

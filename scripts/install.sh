@@ -5,8 +5,9 @@
 #
 # usage (from the project root): scripts/install.sh PYTHON [REQUIREMENTS [--packages-only]]
 #   PYTHON        the interpreter to install into (a venv's python)
-#   REQUIREMENTS  requirements.txt (the grader's runtime: Gradescope, Docker) or
-#                 requirements-dev.txt (which adds tests, lint and benchmarks: make)
+#   REQUIREMENTS  requirements.txt (the grading runtime: Gradescope, Docker),
+#                 requirements-instructor.txt (it, and the instructors' notebook tools) or
+#                 requirements-dev.txt (both, and tests, lint and benchmarks: make)
 set -euo pipefail
 py=$1
 req=${2:-requirements.txt}
@@ -19,4 +20,18 @@ req=${2:-requirements.txt}
 # layer: kept while the pins are the same, whatever the code does)
 [ "${3:-}" != --packages-only ] || exit 0
 "$py" -m pip install --quiet --no-deps --no-build-isolation -e .
-"$py" -m ipykernel install --sys-prefix --name python3 >/dev/null
+# the notebooks' kernel, where the instructors' tools are installed (a grader has none)
+if "$py" -c "import ipykernel" 2>/dev/null; then
+    "$py" -m ipykernel install --sys-prefix --name python3 >/dev/null
+fi
+# What every grading run would otherwise redo at its start (each Gradescope container
+# starts from this image): compile the code, and compute every stage's expected values
+# into expected/ (autograder/grader/expected.py; beside the code, where no child reads).
+# Values shipped there (the Gradescope zip's) are checked against this machine's own
+# reference, bit for bit, and replaced where they differ.
+"$py" -m compileall -q autograder reference
+if built=$("$py" -m autograder.grader.expected build --verify); then
+    grep "replaced" <<<"$built" >&2 || true
+else
+    echo "install.sh: expected values not stored: each grading run computes them" >&2
+fi

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Annotated
 import typer
 
 from autograder.grader import feedback, gradescope, release
+from autograder.grader.launch import early
 from autograder.grader.options import (
     SUBMISSION_S,
     CallTimeout,
@@ -21,6 +23,7 @@ from autograder.grader.options import (
     check_submissions,
     console,
     err,
+    launch_for,
     open_grader,
     safe_name,
     usage_error,
@@ -59,15 +62,16 @@ def grade(
     if results is not None and len(submissions) != 1:
         raise usage_error("--results takes one submission; use --results-dir for several")
     check_stages(stage)
+    from autograder.grader.batch import default_workers
     from autograder.grader.report import class_table, print_notes, test_table, write_results
     from autograder.runtime.submission import Submission
     from autograder.stages import stage_ids
 
-    grader = open_grader(device, call_timeout, submission_timeout)
+    grader = open_grader(device, call_timeout, submission_timeout, server=launch_for(submissions, stage))
     graded = []
     with grader:
         for sub in submissions:
-            r = grader.grade(sub, Submission(sub).stages(stage_ids(), stage))
+            r = grader.grade(sub, Submission(sub).stages(stage_ids(), stage), workers=default_workers())
             graded.append(r)
             if results is not None:
                 write_results(r, results, show_hidden)
@@ -409,6 +413,7 @@ app.command("gradescope-zip")(gradescope.command)
 
 
 def main() -> None:
+    early(sys.argv[1:])  # `bertlab grade ...` (python -m autograder launched it already)
     try:
         app()
     except KeyboardInterrupt:
@@ -420,3 +425,7 @@ def main() -> None:
     except Exception as exc:  # a grader fault: say so clearly and fail
         err.print(f"bertlab: internal error: {type(exc).__name__}: {exc}", markup=False, highlight=False)
         sys.exit(1)
+    finally:
+        # the interpreter's exit would walk every object torch made in a last collection
+        # (a few tenths of a second, after grading is done): none of them holds anything
+        gc.freeze()

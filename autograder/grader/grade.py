@@ -8,14 +8,19 @@ which earlier stages a failing stage runs, and which of them lose points too.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import re
 import sys
 import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Literal
 
 import torch
 
+from autograder.grader import expected
+from autograder.grader.launch import Launched
 from autograder.grader.plan import StagePlan
 from autograder.grader.runner import (
     ForkServer,
@@ -27,16 +32,31 @@ from autograder.runtime.load import LoadError, load_source
 from autograder.runtime.parts import Cells
 from autograder.runtime.results import StageResult, SubmissionResult
 from autograder.runtime.submission import Submission
+from autograder.sandbox.forkserver import DRIVER_PREFIX
 from autograder.stages import load_spec, requires
 from autograder.stages.spec import StageSpec
+
+# A graded cell that imports matplotlib (most notebooks import it only in demo cells, which
+# grading skips): the fork server loads it once for every child, not each child for itself.
+PLOTS = re.compile(r"\b(matplotlib|pylab)\b")
 
 
 class Grader:
     """Grades submissions; holds the fork server and the per-stage expected values."""
 
-    def __init__(self, device: str = "cpu", limits: Limits | None = None, keep_arrays: bool = False) -> None:
+    def __init__(
+        self,
+        device: str = "cpu",
+        limits: Limits | None = None,
+        keep_arrays: bool = False,
+        server: Launched | None = None,
+        expected_dir: Path | None | Literal["auto"] = "auto",
+    ) -> None:
         """``keep_arrays``: failing cases keep small 2-D windows of the student's and the
-        expected values (``CaseResult.arrays``, for the HTML feedback's pictures)."""
+        expected values (``CaseResult.arrays``, for the HTML feedback's pictures).
+        ``server``: a fork server ``launch()``ed before this process imported torch.
+        ``expected_dir``: expected values computed ahead (``grader/expected.py``; "auto":
+        the store beside the code, or ``$BERTLAB_EXPECTED_DIR``; None: compute them all)."""
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device.startswith("cuda") and not torch.cuda.is_available():
@@ -44,8 +64,12 @@ class Grader:
         self.device = device
         self.limits = limits or Limits()
         self.keep_arrays = keep_arrays
+        self.expected_dir = expected.store_dir() if expected_dir == "auto" else expected_dir
+        # stage -> why its expected values were computed here, not read from the store
+        self.recomputed: dict[str, str] = {}
         self._plans: dict[str, StagePlan] = {}
         self._server: ForkServer | None = None
+        self._launched = server
         # one Grader may serve several threads (batch's workers): what it builds once is
         # built under this lock; grading itself shares nothing mutable
         self._lock = threading.RLock()
@@ -55,16 +79,25 @@ class Grader:
         if plan is None:
             with self._lock:
                 if stage not in self._plans:
-                    self._plans[stage] = StagePlan.build(load_spec(stage), self.device)
+                    planned, why = expected.plan(load_spec(stage), self.device, self.expected_dir)
+                    if why is not None and self.expected_dir is not None:
+                        self.recomputed[stage] = why
+                    self._plans[stage] = planned
                 plan = self._plans[stage]
         return plan
+
+    def outline(self, stage: str) -> StagePlan:
+        """``stage``'s cases without inputs or expected values: what scoring a stage that
+        runs nothing needs (its plan if there is one already)."""
+        return self._plans.get(stage) or StagePlan.outline(load_spec(stage), self.device)
 
     @property
     def server(self) -> ForkServer:
         if self._server is None:
             with self._lock:
                 if self._server is None:
-                    self._server = ForkServer()
+                    launched, self._launched = self._launched, None
+                    self._server = ForkServer(launched)
         return self._server
 
     def prepare(self, stages: list[str]) -> None:
@@ -74,12 +107,16 @@ class Grader:
         for stage in sorted(set(stages) | {dep for s in stages for dep in requires(s)}):
             plan = self.plan(stage)
             plan.inputs_file, plan.hidden_file  # noqa: B018  (serialised once, here)
+            self.server.warm(_driver_extras(plan.spec))  # a class's children all inherit them
         self.server.wait_ready()  # a sandbox that cannot run student code fails here, once
 
     def close(self) -> None:
         if self._server is not None:
             self._server.close()
             self._server = None
+        if self._launched is not None:  # launched, never needed (nothing ran any code)
+            self._launched.close()
+            self._launched = None
 
     def __enter__(self) -> Grader:
         return self
@@ -97,20 +134,19 @@ class Grader:
                 f"the grader failed on this stage ({type(exc).__name__}: {str(exc)[:200]}). "
                 "This is a fault in the grader, not in your code: please tell your instructor."
             )
-            result = score_stage(self.plan(stage), None, None, [message], failure=message)
+            result = score_stage(self.outline(stage), None, None, [message], failure=message)
             result.grader_fault = True
             return result
 
     def _grade_stage(self, submission: Path, stage: str) -> StageResult:
-        plan = self.plan(stage)
         handed_in = Submission(submission)
         try:
             path = handed_in.file(stage)
         except LoadError as exc:
-            return score_stage(plan, None, None, [str(exc)], failure=str(exc))
+            return score_stage(self.outline(stage), None, None, [str(exc)], failure=str(exc))
         if path is None:
             return score_stage(
-                plan,
+                self.outline(stage),
                 None,
                 None,
                 [],
@@ -120,13 +156,17 @@ class Grader:
         try:
             source = load_source(path, stage)
         except LoadError as exc:
-            return score_stage(plan, shown, None, [str(exc)], failure=str(exc))
+            return score_stage(self.outline(stage), shown, None, [str(exc)], failure=str(exc))
+        plan = self.plan(stage)
         spec_limits = Limits(
             call_s=self.limits.call_s or plan.spec.call_timeout_s,
             cell_s=self.limits.cell_s,
             submission_s=self.limits.submission_s,
         )
         parts, part_notes = self._parts(handed_in, path, plan.spec)
+        code = [text for _, text in source.cells] + [text for cells in parts.values() for _, text in cells]
+        plots = {"matplotlib"} if any(PLOTS.search(text) for text in code) else set()
+        self.server.warm(_driver_extras(plan.spec) | plots)
         report = run_submission(
             self.server,
             source.cells,
@@ -167,14 +207,31 @@ class Grader:
                 notes.append(f"this stage uses your {stage}, which cannot be read: {exc}")
         return parts, notes
 
-    def grade(self, submission: Path, stages: list[str], student: str | None = None) -> SubmissionResult:
-        # Start-up is per run, not per student: the server's warm-up and the expected values
-        # are ready before the clock starts.
-        self.server.wait_ready()
-        for s in stages:
+    def grade(
+        self, submission: Path, stages: list[str], student: str | None = None, workers: int = 1
+    ) -> SubmissionResult:
+        """Grade ``stages`` of one submission, up to ``workers`` stages at a time (each in
+        its own child; batch grades students side by side instead, with ``workers=1``)."""
+        # Start-up is per run, not per student: the expected values and the server's warm-up
+        # are ready before the clock starts (the plans first: the server warms up meanwhile).
+        # A stage without a file runs nothing and needs neither: an empty submission starts
+        # no server and runs no reference.
+        held = [s for s in stages if Submission(submission).holds(s)]
+        for s in held:
             self.plan(s)
+        if held:
+            self.server.wait_ready()
         t0 = time.monotonic()
-        results = [self.grade_stage(submission, s) for s in stages]
+        if workers > 1 and len(held) > 1:
+            # the later stages are the longer ones (09 builds a model per case): first, so
+            # that the last stage to start is a short one
+            with cf.ThreadPoolExecutor(
+                min(workers, len(held)), initializer=torch.set_num_threads, initargs=(1,)
+            ) as pool:
+                futures = {s: pool.submit(self.grade_stage, submission, s) for s in reversed(stages)}
+                results = [futures[s].result() for s in stages]
+        else:
+            results = [self.grade_stage(submission, s) for s in stages]
         self._blame_earlier_stages(submission, results)
         name = student or Submission(submission).name
         return SubmissionResult(name, results, time.monotonic() - t0)
@@ -204,3 +261,10 @@ class Grader:
                 for t in r.tests:
                     if t.score < t.max_score:
                         t.blame.append(note)
+
+
+def _driver_extras(spec: StageSpec) -> set[str]:
+    """What the fork server loads for children that grade ``spec``: the ``warm_up`` of its
+    drivers' modules, and of the stages it runs (11 loads the weights through 09's)."""
+    specs = [spec, *(load_spec(s) for s in requires(spec.id))]
+    return {DRIVER_PREFIX + g.driver.split(":")[0] for s in specs for g in s.graded if g.driver}

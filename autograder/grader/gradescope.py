@@ -47,8 +47,15 @@ ROOT_ENV = "BERTLAB_AUTOGRADER_ROOT"
 CONFIG = "bertlab-gradescope.json"
 PROJECT = Path(__file__).resolve().parents[2]
 DEFAULT_ZIP = Path("build/gradescope/autograder.zip")
-# the project files the runtime install needs (scripts/install.sh reads them)
-INSTALL_FILES = ("requirements.txt", "requirements-nodeps.txt", "pyproject.toml", "README.md")
+# the project files the runtime install needs (scripts/install.sh and pyproject.toml read
+# them; the instructors' requirements only name the project's `instructor` extra)
+INSTALL_FILES = (
+    "requirements.txt",
+    "requirements-instructor.txt",
+    "requirements-nodeps.txt",
+    "pyproject.toml",
+    "README.md",
+)
 PACKAGES = ("autograder", "reference")
 FAILED = (
     "The autograder failed on this submission. This is a fault in the grader, not in your "
@@ -184,8 +191,28 @@ def build_zip(out: Path, stages: list[str] | None = None) -> Path:
         _add(zf, CONFIG, (json.dumps(config, indent=2) + "\n").encode())
         for path, name in _project_files():
             _add(zf, name, path.read_bytes(), executable=os.access(path, os.X_OK))
+        for name, data in _expected_files(chosen):
+            _add(zf, name, data)
     tmp.replace(out)
     return out
+
+
+def _expected_files(stages: list[str]) -> list[tuple[str, bytes]]:
+    """The graded stages' expected values (and those of the stages they run), computed here
+    once (``grader/expected.py``), instead of at every container start. The zip is the
+    instructor's: nothing in it reaches a student, and a child cannot read ``expected/``.
+    setup.sh's install (``build --verify``) runs the reference once on Gradescope's machine
+    and keeps them only where they are its values bit for bit, and fresh."""
+    import tempfile
+
+    from autograder.grader import expected
+
+    with tempfile.TemporaryDirectory(prefix="bertlab-expected-") as tmp:
+        expected.build(Path(tmp), stages)
+        return [
+            (f"{expected.DEFAULT_DIR.name}/{p.name}", p.read_bytes())
+            for p in sorted(Path(tmp).glob("*.safetensors"))
+        ]
 
 
 # -- inside Gradescope -----------------------------------------------------------------------
@@ -249,19 +276,28 @@ def run(root: Path) -> int:
         unknown = sorted(set(stages) - set(stage_ids()))
         if unknown:  # checked before torch loads: a zip out of step with its code fails fast
             raise ValueError(f"{CONFIG} names stages this code does not have: {', '.join(unknown)}")
-        from autograder.grader.grade import Grader
-        from autograder.grader.report import test_table, to_gradescope
+        from autograder.grader.batch import default_workers
+        from autograder.grader.options import SUBMISSION_S, launch_for, open_grader
         from autograder.runtime.submission import Submission
 
+        # Found before torch loads, so the fork server imports it while this process does
+        # (no server at all for an upload without a stage file); expected values come from
+        # the zip's store, checked (``grader/expected.py``).
         submission = Submission.upload(root / "submission", stages).path
-        with Grader(device=config.get("device", "cpu")) as grader:
-            result = grader.grade(submission, stages, student=_student_name(root))
+        server = launch_for([submission], stages)
+        with open_grader(config.get("device", "cpu"), None, SUBMISSION_S, server=server) as grader:
+            # the stages side by side, each in its own child, on the container's cores
+            result = grader.grade(submission, stages, student=_student_name(root), workers=default_workers())
+        from autograder.grader.report import test_table, to_gradescope
+
         data = student_view(result)
         data["execution_time"] = round(time.monotonic() - t0, 3)
         write_json(data, results)
         # stdout is hidden from students: the instructor's full view, per case
         print(f"bertlab from {PROJECT}")
         print(f"graded {submission} on {', '.join(stages)}: {result.score:g}/{result.max_score:g}")
+        for stage, why in sorted(grader.recomputed.items()):  # slower, never wrong: setup.sh fixes it
+            print(f"{stage}: expected values computed here, not read from the zip's store ({why})")
         full = to_gradescope(result)
         print(full["output"])
         for entry in full["tests"]:
@@ -293,7 +329,11 @@ def main(argv: list[str]) -> int:
         return 2
     if "--root" in argv:
         root = Path(argv[argv.index("--root") + 1])
-    return run(root)
+    code = run(root)
+    import gc
+
+    gc.freeze()  # the exit's last collection would walk all of torch's objects, for nothing
+    return code
 
 
 # -- the command -------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from rich.console import Console
 
 if TYPE_CHECKING:  # torch loads with the grader, not with the CLI
     from autograder.grader.grade import Grader
+    from autograder.grader.launch import Launched
 
 # Logs and CI are not terminals: rich would fall back to 80 columns and fold every row.
 console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
@@ -74,22 +75,61 @@ def check_submissions(submissions: list[Path], outputs: str | None = None) -> No
 
 
 def open_grader(
-    device: str, call_timeout: float | None, submission_timeout: float, keep_arrays: bool = False
+    device: str,
+    call_timeout: float | None,
+    submission_timeout: float,
+    keep_arrays: bool = False,
+    server: Launched | None = None,
 ) -> Grader:
     """The ``Grader`` a command asks for (a device that is not there exits 2), after the
-    warning that untrusted code runs exposed, if it does."""
-    from autograder.grader.grade import Grader
-    from autograder.grader.runner import Limits
+    warning that untrusted code runs exposed, if it does. ``server``: the fork server the
+    command ``launch()``ed before this imports torch (``launch_for``)."""
+    import gc
 
+    # Torch's objects live as long as this process: no collection of them is worth its
+    # time, while they are imported or at exit (a few tenths of a second of a cold grade).
+    gc.disable()
+    try:
+        import torch
+
+        from autograder.grader.grade import Grader
+        from autograder.grader.runner import Limits
+    finally:
+        gc.freeze()
+        gc.enable()
+    # The cores are the children's: torch's thread pool here would only contend with them
+    # (two threads on two busy cores made the parent's small comparisons many times slower).
+    torch.set_num_threads(1)
     warn_if_exposed()
     try:
         return Grader(
             device=device,
             limits=Limits(call_s=call_timeout, submission_s=submission_timeout),
             keep_arrays=keep_arrays,
+            server=server,
         )
     except ValueError as exc:
+        if server is not None:
+            server.close()
         raise usage_error(str(exc)) from None
+
+
+def launch_for(submissions: list[Path], stages: list[str] | None) -> Launched | None:
+    """The fork server (``grader/launch.py``: the one ``cli.main`` launched early, else one
+    launched now), if any of ``submissions`` holds a file of a stage it will be graded on:
+    it imports torch while this process does. None when nothing will run: an empty
+    submission needs no server at all (an early one is killed)."""
+    from autograder.grader.launch import adopt, discard, launch
+    from autograder.runtime.submission import Submission
+    from autograder.stages import stage_ids
+
+    known = stage_ids()
+    for path in submissions:
+        handed_in = Submission(path)
+        if any(handed_in.holds(s) for s in handed_in.stages(known, stages)):
+            return adopt() or launch()
+    discard()
+    return None
 
 
 def warn_if_exposed() -> None:

@@ -9,7 +9,7 @@ serves every submission of a grading run; only this process ever sees expected v
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -127,7 +127,7 @@ class PlannedCase:
     graded: Graded
     test: Test
     label: str
-    expectation: Expectation
+    expectation: Expectation | None  # None in an outline (``StagePlan.outline``)
 
 
 @dataclass
@@ -150,8 +150,29 @@ class StagePlan:
         return safetensors.torch.save(self.hidden_inputs)
 
     @classmethod
-    def build(cls, spec: StageSpec, device: str, hidden: bool = True) -> StagePlan:
-        """Cases of ``spec`` (public only unless ``hidden``) with their expected outputs."""
+    def outline(cls, spec: StageSpec, device: str) -> StagePlan:
+        """The cases of ``spec``, no more: enough to score a stage that runs nothing (no
+        file handed in, a file that cannot be read), without building an input or running
+        the reference: an empty submission, or one stage of nine, costs no expected values."""
+        cases = [
+            PlannedCase(index, graded, test, case.label, None)
+            for index, (graded, test, case) in enumerate(
+                (g, t, c) for g in spec.graded for t in g.tests for c in t.cases
+            )
+        ]
+        return cls(spec, device, cases, [], {})
+
+    @classmethod
+    def build(
+        cls,
+        spec: StageSpec,
+        device: str,
+        hidden: bool = True,
+        stored: Mapping[int, Sequence[Tensor]] | None = None,
+    ) -> StagePlan:
+        """Cases of ``spec`` (public only unless ``hidden``) with their expected outputs:
+        the reference's, run now, or ``stored[case index]`` (``grader/expected.py``, which
+        checks that they were computed from these very inputs)."""
         cases, items = [], []
         index = 0
         for graded in spec.graded:
@@ -160,7 +181,11 @@ class StagePlan:
                     continue
                 for case in test.cases:
                     data = build_case(spec, graded, test, case)
-                    expected = run_trusted(graded.reference, graded, data, device, spec)
+                    expected = (
+                        list(stored[index])
+                        if stored is not None
+                        else run_trusted(graded.reference, graded, data, device, spec)
+                    )
                     variants = LazyVariants(graded, data, device, spec)
                     regions = (
                         graded.graded_region(data) if graded.graded_region else (None,) * len(graded.outputs)

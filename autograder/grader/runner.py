@@ -17,12 +17,11 @@ import os
 import select
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Queue
@@ -31,6 +30,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
+from autograder.grader.launch import Launched, adopt, launch
 from autograder.runtime import wire
 from autograder.runtime.harness import CallSpec
 from autograder.sandbox import confine
@@ -134,38 +134,16 @@ class ForkServer:
     machine where the sandbox cannot be set up, or leaves the child unable to import,
     raises ``SandboxUnusable`` with the reason, instead of grading everyone 0."""
 
-    def __init__(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        root = str(Path(__file__).resolve().parents[2])
-        code = (
-            f"import sys; sys.path.insert(0, {root!r}); "
-            f"from autograder.sandbox.forkserver import serve; serve({theirs.fileno()})"
-        )
-        env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "LANG": "C.UTF-8",
-            "HOME": tempfile.gettempdir(),
-            "OMP_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-            "PYTHONHASHSEED": "0",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "MPLBACKEND": "Agg",
-            # torch asks for transparent huge pages for its tensors of 2 MB and more: a child
-            # is a fresh process, and 09 fills ~1 GB of new memory in 4 KB page faults otherwise
-            "THP_MEM_ALLOC_ENABLE": "1",
-        }
-        # -I: the server ignores PYTHON* variables and the user's site-packages
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", code],
-            pass_fds=(theirs.fileno(),),
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
-        theirs.close()
-        self.sock = ours
+    def __init__(self, launched: Launched | None = None) -> None:
+        """``launched``: a server process ``launch()`` started earlier (it imports torch
+        while this process does); by default, the one ``launch.early()`` started, if
+        any, else one started now."""
+        launched = launched or adopt() or launch()
+        self.proc, self.sock = launched.proc, launched.sock
         self._lock = threading.Lock()
         self._next = 0
         self._waiting: dict[int, Queue] = {}
+        self._warmed: set[str] = set()  # extras asked of the server (``warm``)
         self._ready = threading.Event()
         self._gone = False
         self._checking = threading.RLock()  # reentrant: the self-test's own fork comes back here
@@ -279,6 +257,18 @@ class ForkServer:
             raise RuntimeError("the fork server stopped: see the messages above")
         return reply["pid"], q
 
+    def warm(self, extras: Iterable[str]) -> None:
+        """Have the server load ``extras`` (``forkserver.EXTRAS``: matplotlib, a driver's
+        ``warm_up``) once, before the next child it forks, so that the children inherit them
+        instead of each loading them: a cold grade pays only for what its submission uses.
+        Nothing is awaited: the server reads its socket in order, so a child forked after
+        this call (from any thread) is forked after the warm-up."""
+        with self._lock:
+            new = sorted(set(extras) - self._warmed)
+            if new:
+                self._warmed.update(new)
+                self.sock.send(json.dumps({"warm": new}).encode())
+
     def close(self) -> None:
         self.drain()  # before the socket closes: a cleanup waits for its child's exit message
         atexit.unregister(self.drain)  # nothing left to drain: a closed server is not kept alive
@@ -291,11 +281,11 @@ class ForkServer:
                 pass
             self.sock.close()
         finally:
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            # Every job has ended (drained), so the server holds nothing: killed, not waited
+            # for, it spares a cold grade its interpreter's exit (a few tenths of a second
+            # with torch loaded), and a server still warming up its exit once it is ready.
+            self.proc.kill()
+            self.proc.wait()
 
     def __enter__(self) -> ForkServer:
         return self

@@ -27,6 +27,7 @@ import json
 import os
 import re
 import stat
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -722,7 +723,7 @@ def _special_lines(text: str) -> list[tuple[int, int, str, int, int, int]]:
 def _convert(region: str, kind: str, at: int, q: int, first: int) -> str:
     """One logical line converted by IPython's own transformer for it (offsets are into
     ``region``), with IPython's priorities: ``name?`` help first."""
-    from IPython.core import inputtransformer2 as it
+    it = _ipython_transformer()
 
     lines = region.splitlines(keepends=True)
     starts = [0]
@@ -784,10 +785,23 @@ class _Budget:
             )
 
 
+_IPYTHON_IMPORT = threading.Lock()
+
+
+def _ipython_transformer():
+    """IPython's input transformer module, imported once even when threads (the stages of a
+    submission graded side by side, batch's workers) load notebooks at the same time: two
+    threads importing IPython together may find it partly initialised and fail."""
+    with _IPYTHON_IMPORT:
+        from IPython.core import inputtransformer2
+
+    return inputtransformer2
+
+
 def _to_python(src: str, budget: _Budget) -> str:
     """IPython's input transformation of one cell: magics, ``!`` and ``?`` lines become
     ``get_ipython()`` calls, as ``TransformerManager.transform_cell`` makes them."""
-    from IPython.core import inputtransformer2 as it
+    it = _ipython_transformer()
 
     if not src.endswith("\n"):
         src += "\n"

@@ -8,6 +8,7 @@ nothing secret can be inherited by a fork), imports ``autograder.sandbox.child``
 Protocol, over an inherited SOCK_SEQPACKET socket (its fd number is argv[1]):
   parent -> server  {"job": DIR, "id": N}  with fds attached: the event pipe's write end and
                                           the read end of the parent's go-ahead for hidden inputs
+  parent -> server  {"warm": [EXTRA, ...]} load these (``EXTRAS``) before the next fork; no reply
   server -> parent  {"ready": true}       once warm, before any request
   server -> parent  {"id": N, "pid": PID}  once forked
   server -> parent  {"id": N, "exit": CODE} when it has exited (negative: killed by signal)
@@ -28,6 +29,7 @@ import sys
 def _child(sock: socket.socket, job: str, event_fd: int, control_fd: int | None) -> None:
     code = 70
     try:
+        gc.enable()  # off in the server only (``serve``); student code may make cycles
         sock.close()
         os.setsid()
         from autograder.sandbox import child
@@ -70,35 +72,64 @@ def _warm_up() -> None:
 
     np.random.seed(0)  # the child reseeds numpy's global generator before every cell and call
     io.StringIO()
-    try:  # 09's real weights: 90 MB every 09 child would otherwise read again
-        from autograder.runtime.drivers.bert import _checkpoint
 
-        _checkpoint()
-    except ImportError:  # the weights package is not installed: 09 says so when graded
-        pass
-    try:  # students import it in their first cell; half a second per child otherwise
-        import matplotlib.pyplot as plt  # (MPLBACKEND=Agg: no display, no threads)
 
-        # and plot in a demo cell: the first figure loads the backend and the font cache
-        figure, axes = plt.subplots()
-        axes.plot([0, 1], [0, 1])
-        axes.set_title("warm-up")
-        figure.canvas.draw()
-        plt.close(figure)
-    except ImportError:
-        pass
+def _warm_matplotlib() -> None:
+    """Students import it in a graded cell now and then (most only in demo cells, which
+    grading skips): half a second per child that imports it, unless the server has."""
+    import matplotlib.pyplot as plt  # (MPLBACKEND=Agg: no display, no threads)
+
+    # and plot in a demo cell: the first figure loads the backend and the font cache
+    figure, axes = plt.subplots()
+    axes.plot([0, 1], [0, 1])
+    axes.set_title("warm-up")
+    figure.canvas.draw()
+    plt.close(figure)
+
+
+def _warm_driver(name: str) -> None:
+    """A driver module's ``warm_up()``, if it has one: 09's reads the real weights once (90
+    MB every 09 child would otherwise read again)."""
+    # only a module the server imported already (child.py imports every driver): the name
+    # picks one of those, it never imports anything new
+    module = sys.modules.get(f"autograder.runtime.drivers.{name}")
+    warm_up = getattr(module, "warm_up", None)
+    if warm_up is not None:
+        warm_up()
+
+
+# What the parent may ask the server to load before it forks (``{"warm": [...]}``): only
+# what a submission uses, so a cold grade of stage 01 never pays for 09's weights or a plot.
+EXTRAS = {"matplotlib": _warm_matplotlib}
+DRIVER_PREFIX = "driver:"
+
+
+def _warm_extras(names: list[str]) -> None:
+    for name in names:
+        try:
+            if not isinstance(name, str):
+                continue
+            if name.startswith(DRIVER_PREFIX):
+                _warm_driver(name.removeprefix(DRIVER_PREFIX))
+            elif name in EXTRAS:
+                EXTRAS[name]()
+        except Exception:  # not installed, or failing: a child that needs it says why
+            pass
+    gc.freeze()  # what the extras imported is inherited, never collected, as the rest
 
 
 def serve(fd: int) -> None:
+    # Everything the server imports lives as long as it does: no collection of it is worth
+    # its time (a tenth of a second per full pass over torch's objects, while importing and
+    # at exit). Frozen below, a child's collections skip it too, instead of walking (and
+    # copying, page by page) the whole inherited heap; children turn collection back on.
+    gc.disable()
     import autograder.sandbox.child  # noqa: F401  (the preload: torch, numpy, safetensors)
     from autograder.sandbox import confine
 
     # Before anything else: this server and every child it forks have no network.
     network_isolated = confine.isolate_network()
     _warm_up()
-    # Everything imported so far lives as long as the server: a child's garbage collections
-    # skip it, instead of walking (and copying, page by page) the whole inherited heap.
-    gc.collect()
     gc.freeze()
 
     sock = socket.socket(fileno=fd)
@@ -113,6 +144,11 @@ def serve(fd: int) -> None:
                 if not msg:  # the parent has gone: leave, our children are killed by it
                     return
                 req = json.loads(msg)
+                if "warm" in req:
+                    for f in fds:
+                        os.close(f)
+                    _warm_extras(req["warm"] if isinstance(req["warm"], list) else [])
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     sel.close()

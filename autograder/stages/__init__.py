@@ -57,6 +57,11 @@ def load_spec(stage: str) -> StageSpec:
     return _load(stage, files[stage])
 
 
+def spec_path(stage: str) -> Path:
+    """The file that defines ``stage``'s spec."""
+    return _files()[stage]
+
+
 def all_specs() -> list[StageSpec]:
     return [load_spec(s) for s in stage_ids()]
 

@@ -21,7 +21,9 @@ they hold no solution and no secret: only the protocol of calling the student's 
 (e.g. run several train steps, then eval, and return the running statistics after each;
 or call the student's own forward and feed its cache to the student's backward).
 Driver modules are imported by the fork server before any child is confined, so they
-must not do work at import.
+must not do work at import. A module whose drivers need something costly (09's checkpoint)
+defines ``warm_up()``: the fork server runs it once, before the first child that grades a
+stage with those drivers, and every later child inherits what it loaded.
 """
 
 from __future__ import annotations

@@ -89,6 +89,12 @@ def _checkpoint() -> _Checkpoint:
     return _Checkpoint(fd, max(at, 1), layout)
 
 
+def warm_up() -> None:
+    """The fork server calls this before it forks children that grade with the real
+    weights (``forkserver.EXTRAS``): they inherit the checkpoint, read once."""
+    _checkpoint()
+
+
 def minilm_weights() -> dict[str, Tensor]:
     """The checkpoint, name -> float32 tensor, its values fresh for every call: a
     ``load_pretrained`` that changes the dict or the tensors it is given cannot change the

@@ -1,0 +1,470 @@
+"""Cold start (issue 19): one submission graded in about the time it takes to import torch.
+
+Not a test: it prints figures and one PASS/FAIL line per target, each a ratio of two
+figures measured in the same run, on the same machine.
+
+Method
+------
+Every figure is the wall time of a fresh process (or a fresh Gradescope root), as a user
+waits for it; ``--repeat`` rounds, each round running every measurement once in the same
+order (so a slow minute of a shared machine slows a round, not one figure), then medians.
+
+- *import torch*: ``python -c "import torch"``, the issue's yardstick.
+- *CLI*: ``python -m autograder grade solutions/01_attention --stage 01_attention --results
+  R.json`` in this checkout, whose ``expected/`` store ``make`` (scripts/install.sh) built;
+  the bench refreshes it first, as an install would. Also shown without the store
+  (``BERTLAB_EXPECTED_DIR=``): every expected value computed at start-up.
+- *run_autograder*: Gradescope's zip (``gradescope-zip``) unpacked into a temporary
+  ``/autograder`` root, then what setup.sh does to it besides making the venv (the project
+  steps of the zip's own ``scripts/install.sh``: compiling the code, checking the zip's
+  expected values), then the real ``run_autograder`` with this venv's python. The root is
+  unpacked anew before every run: each run is a fresh container. Three submissions: one
+  stage-01 file (``examples/class/ada_correct_matmul``, zip of stage 01), the nine solution
+  notebooks (zip of the nine stages that have one), and an empty upload (same zip).
+- *batch per student*: ``python -m autograder batch CLASS --workers 1`` on classes of 1 and
+  of ``--batch-students`` students who each hand in the nine solution notebooks: the
+  difference per added student, i.e. what a class pays per student once started.
+- *40 notebooks*: ``--class-size`` stage-01 notebooks drawn as bench_class.py draws a class
+  (80 % correct, 16 % named mistakes, 4 % broken; no hang and no ``!`` shell line, which
+  the real kernel would run): ``python -m autograder batch`` (its default workers, start-up
+  included) against the real ``nbgrader autograde`` of the same files (bench_class.py's
+  course, once: it takes minutes).
+
+``--baseline DIR`` measures another checkout the same way, in the same rounds (the
+"before" of a change): ``git archive COMMIT | tar -x -C DIR``. ``--profile`` then shows where
+a cold CLI grade spends its time: the fork server's start (launch to ready, alone), the
+parent's imports, and a cProfile of the CLI.
+
+Run: ``make bench-cold`` or ``.venv/bin/python benchmarks/bench_cold.py [options]``.
+Figures also go to ``build/bench/bench_cold.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PYTHON = sys.executable
+STAGE = "01_attention"
+SOLUTIONS = ROOT / "solutions"
+EXAMPLES = ROOT / "examples" / "class"
+TARGETS = {"cli": 1.5, "gradescope_01": 2.0, "gradescope_all": 2.0, "nbgrader": 25.0}
+
+
+def _wall(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, check: bool = True) -> float:
+    t = time.perf_counter()
+    p = subprocess.run(
+        cmd, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    elapsed = time.perf_counter() - t
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout.decode()[-3000:]}")
+    return elapsed
+
+
+def _tree_env(tree: Path) -> dict[str, str]:
+    """Run ``python -m autograder`` from ``tree`` (this venv holds an editable install of
+    this checkout; PYTHONPATH puts the other tree first)."""
+    return {"PYTHONPATH": str(tree)}
+
+
+# -- what is graded ------------------------------------------------------------------------
+
+
+def nine_stages() -> list[str]:
+    """The nine stages of issue 19 (01-09): those of a course's whole submission then."""
+    from autograder.stages import stage_ids
+
+    return [s for s in stage_ids() if int(s[:2]) <= 9 and (SOLUTIONS / s / f"{s}.ipynb").is_file()]
+
+
+def all_stage_submission(folder: Path, stages: list[str]) -> Path:
+    folder.mkdir(parents=True)
+    for s in stages:
+        shutil.copy(SOLUTIONS / s / f"{s}.ipynb", folder)
+    return folder
+
+
+def stage01_class(root: Path, n: int, seed: int) -> list[str]:
+    """``n`` students, each a stage-01 notebook, drawn as bench_class draws a class, without
+    its hanging student and without a notebook that has a shell line (nbgrader's kernel
+    would run it). Returns their kinds."""
+    import nbformat
+
+    from autograder.runtime.submission import Submission
+    from benchmarks.bench_class import CORRECT_EXAMPLES, EXPECTED, MIX, _broken, _notebook
+
+    rng = random.Random(seed)
+    # bench_class's pools (Pools.load), of stage 01 only
+    correct = [SOLUTIONS / STAGE / f"{STAGE}.ipynb"]
+    correct += [f for s in CORRECT_EXAMPLES if (f := Submission(EXAMPLES / s).file(STAGE)) is not None]
+    promised = json.loads((EXPECTED / f"{STAGE}.json").read_text())["students"]
+    mistakes = [
+        (who, f)
+        for who, e in sorted(promised.items())
+        if e["misconceptions"] and (f := Submission(EXAMPLES / who).file(STAGE)) is not None
+    ]
+    solution = _notebook(SOLUTIONS / STAGE / f"{STAGE}.ipynb")
+    kinds = []
+    width = len(str(n))
+    for i in range(n):
+        while True:
+            kind = rng.choices(list(MIX), weights=list(MIX.values()))[0]
+            if kind == "correct":
+                nb = _notebook(rng.choice(correct))
+            elif kind == "mistake":
+                who, f = rng.choice(mistakes)
+                nb, kind = _notebook(f), f"mistake:{who}"
+            else:
+                nb = _broken(solution, rng)
+            text = nbformat.writes(nb)
+            if not re.search(r'"\s*!', text):
+                break
+        folder = root / f"s{i:0{width}d}"
+        folder.mkdir(parents=True)
+        (folder / f"{STAGE}.ipynb").write_text(text)
+        kinds.append(kind)
+    return kinds
+
+
+# -- Gradescope ----------------------------------------------------------------------------
+
+
+@dataclass
+class Zip:
+    tree: Path
+    path: Path
+    stages: list[str]
+
+
+def build_zip(tree: Path, out: Path, stages: list[str]) -> Zip:
+    cmd = [PYTHON, "-m", "autograder", "gradescope-zip", "--out", str(out)]
+    for s in stages:
+        cmd += ["--stage", s]
+    _wall(cmd, tree, _tree_env(tree))
+    return Zip(tree, out, stages)
+
+
+def fresh_root(z: Zip, base: Path, submission: Path | None) -> Path:
+    """An /autograder root as a new container holds it: the zip in source/ (with what
+    setup.sh's install does to the project), the upload in submission/."""
+    root = base / "root"
+    if root.exists():
+        shutil.rmtree(root)
+    with zipfile.ZipFile(z.path) as zf:
+        zf.extractall(root / "source")
+    for script in ("run_autograder", "setup.sh"):
+        (root / "source" / script).chmod(0o755)
+    (root / "submission").mkdir()
+    if submission is not None:
+        for f in submission.iterdir():
+            shutil.copy(f, root / "submission")
+    source = root / "source"
+    install = (source / "scripts" / "install.sh").read_text()
+    # the project steps of the zip's own install.sh (its pip steps are the venv's: done)
+    if "compileall" in install:
+        _wall([PYTHON, "-m", "compileall", "-q", "autograder", "reference"], source)
+    if "autograder.grader.expected build" in install:
+        # as setup.sh would, less its --verify (the reference run once at image build: the
+        # same machine and libraries as the zip's, so the values are kept either way)
+        _wall([PYTHON, "-m", "autograder.grader.expected", "build"], source, {"PYTHONPATH": str(source)})
+    return root
+
+
+def run_autograder(root: Path) -> float:
+    env = {"BERTLAB_AUTOGRADER_ROOT": str(root), "BERTLAB_PYTHON": PYTHON, "PYTHONPATH": ""}
+    elapsed = _wall(["bash", str(root / "source" / "run_autograder")], root, env)
+    results = json.loads((root / "results" / "results.json").read_text())
+    if any(t["name"] == "Autograder failed" for t in results["tests"]):
+        raise RuntimeError(f"run_autograder failed: {results['output'][:500]}")
+    return elapsed
+
+
+# -- one round -----------------------------------------------------------------------------
+
+
+@dataclass
+class Tree:
+    """A checkout measured: this one, or a baseline."""
+
+    name: str
+    path: Path
+    zip01: Zip | None = None
+    zip_all: Zip | None = None
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, what: str, seconds: float) -> None:
+        self.samples.setdefault(what, []).append(seconds)
+
+    def median(self, what: str) -> float:
+        return statistics.median(self.samples[what])
+
+
+def one_round(trees: list[Tree], work: Path, subs: dict[str, Path], args: argparse.Namespace) -> None:
+    for tree in trees:
+        env = _tree_env(tree.path)
+        results = work / "r.json"
+        cli = [
+            PYTHON,
+            "-m",
+            "autograder",
+            "grade",
+            str(subs["cli"]),
+            "--stage",
+            STAGE,
+            "--results",
+            str(results),
+        ]
+        tree.add("import torch", _wall([PYTHON, "-c", "import torch"], work))
+        tree.add("CLI", _wall(cli, tree.path, env))
+        if tree.name == "this":
+            tree.add("CLI, no store", _wall(cli, tree.path, {**env, "BERTLAB_EXPECTED_DIR": ""}))
+        for label, z, sub in (
+            ("run_autograder, stage 01", tree.zip01, subs["one"]),
+            ("run_autograder, nine stages", tree.zip_all, subs["nine"]),
+            ("run_autograder, empty upload", tree.zip_all, None),
+        ):
+            root = fresh_root(z, work / tree.name, sub)
+            tree.add(label, run_autograder(root))
+        for n in (1, args.batch_students):
+            db = work / f"{tree.name}-batch{n}.sqlite"
+            db.unlink(missing_ok=True)
+            cmd = [
+                PYTHON,
+                "-m",
+                "autograder",
+                "batch",
+                str(subs[f"class{n}"]),
+                "--workers",
+                "1",
+                "--db",
+                str(db),
+            ]
+            tree.add(f"batch --workers 1, {n} students", _wall(cmd, work, env))
+        db = work / f"{tree.name}-class.sqlite"
+        db.unlink(missing_ok=True)
+        cmd = [PYTHON, "-m", "autograder", "batch", str(subs["class40"]), "--db", str(db)]
+        tree.add(f"batch, {args.class_size} stage-01 notebooks", _wall(cmd, work, env))
+
+
+# -- where the time goes ---------------------------------------------------------------------
+
+
+def profile(tree: Path, sub: Path, work: Path) -> dict[str, Any]:
+    """The fork server's start alone; the parent's imports; a cProfile of the CLI."""
+    env = {**os.environ, **_tree_env(tree)}
+    code = (
+        "import time; t = time.perf_counter()\n"
+        "from autograder.grader.launch import launch\n"
+        "from autograder.grader.runner import ForkServer\n"
+        "launched = launch(); t1 = time.perf_counter()\n"
+        "server = ForkServer(launched); server._ready.wait(300); t2 = time.perf_counter()\n"
+        "server.wait_ready(); t3 = time.perf_counter(); server.close()\n"
+        "print(t1 - t, t2 - t1, t3 - t2)\n"
+    )
+    out = subprocess.run([PYTHON, "-c", code], cwd=tree, env=env, capture_output=True, text=True, check=True)
+    importing, warm, self_test = (float(x) for x in out.stdout.split()[-3:])
+    imports = subprocess.run(
+        [PYTHON, "-X", "importtime", "-c", "import autograder.grader.grade"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
+    top = []
+    for line in imports.splitlines():
+        m = re.match(r"import time:\s+\d+ \|\s+(\d+) \| (\s*)(\S+)", line)
+        if m and len(m.group(2)) <= 2 and int(m.group(1)) > 20_000:
+            top.append((m.group(3), int(m.group(1)) / 1e6))
+    stats = work / "cli.prof"
+    cmd = [
+        PYTHON,
+        "-m",
+        "cProfile",
+        "-o",
+        str(stats),
+        "-m",
+        "autograder",
+        "grade",
+        str(sub),
+        "--stage",
+        STAGE,
+    ]
+    subprocess.run(cmd, cwd=tree, env=env, capture_output=True, check=True)
+    import pstats
+
+    p = pstats.Stats(str(stats))
+    rows = []
+    for (file, line, fn), (_cc, _nc, _tt, ct, _callers) in p.stats.items():  # type: ignore[attr-defined]
+        rows.append((ct, f"{Path(file).name}:{line}({fn})"))
+    rows.sort(reverse=True)
+    return {
+        "server_launch_s": importing,
+        "server_warm_up_s": warm,
+        "server_self_test_s": self_test,
+        "parent_imports_s": top,
+        "cli_cumulative_s": [(name, round(ct, 3)) for ct, name in rows[:25]],
+    }
+
+
+# -- report ---------------------------------------------------------------------------------
+
+
+def verdicts(tree: Tree, args: argparse.Namespace, nbgrader_s: float | None) -> list[tuple[str, str, str]]:
+    out = []
+    torch_s = tree.median("import torch")
+
+    def verdict(name: str, ratio: float, limit: float, at_most: bool = True) -> tuple[str, str, str]:
+        ok = ratio <= limit if at_most else ratio >= limit
+        return name, f"{ratio:.2f}x", "PASS" if ok else "FAIL"
+
+    out.append(verdict("CLI, one stage-01 submission ≤ 1.5× import torch", tree.median("CLI") / torch_s, 1.5))
+    gs01 = tree.median("run_autograder, stage 01")
+    out.append(verdict("run_autograder, stage 01 ≤ 2× import torch", gs01 / torch_s, 2.0))
+    n = args.batch_students
+    per_student = (
+        tree.median(f"batch --workers 1, {n} students") - tree.median("batch --workers 1, 1 students")
+    ) / (n - 1)
+    tree.samples["batch --workers 1, per student"] = [per_student]
+    nine = tree.median("run_autograder, nine stages")
+    out.append(verdict("run_autograder, nine stages ≤ 2× batch per student", nine / per_student, 2.0))
+    if nbgrader_s is not None:
+        ratio = nbgrader_s / tree.median(f"batch, {args.class_size} stage-01 notebooks")
+        out.append(
+            verdict(f"batch ≥ 25× nbgrader ({args.class_size} stage-01 notebooks)", ratio, 25.0, False)
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--repeat", type=int, default=5, help="rounds (default 5); medians are reported")
+    ap.add_argument("--class-size", type=int, default=40, help="stage-01 notebooks for batch vs nbgrader")
+    ap.add_argument(
+        "--batch-students", type=int, default=5, help="the larger class of the per-student figure"
+    )
+    ap.add_argument("--seed", type=int, default=19)
+    ap.add_argument(
+        "--baseline", type=Path, help="another checkout, measured the same way in the same rounds"
+    )
+    ap.add_argument("--skip-nbgrader", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="where a cold CLI grade spends its time")
+    ap.add_argument("--json", type=Path, default=ROOT / "build" / "bench" / "bench_cold.json")
+    args = ap.parse_args(argv)
+
+    print(f"bench_cold: {os.cpu_count()} CPUs, {args.repeat} rounds, python {PYTHON}", flush=True)
+    # this checkout's store, as an install leaves it (kept when fresh)
+    _wall([PYTHON, "-m", "autograder.grader.expected", "build"], ROOT)
+    trees = [Tree("this", ROOT)]
+    if args.baseline is not None:
+        trees.append(Tree("baseline", args.baseline.resolve()))
+    figures: dict[str, Any] = {"cpus": os.cpu_count(), "repeat": args.repeat}
+    with tempfile.TemporaryDirectory(prefix="bertlab-bench-cold-") as tmp:
+        work = Path(tmp)
+        stages = nine_stages()
+        subs = {
+            "cli": SOLUTIONS / STAGE,
+            "one": work / "one",
+            "nine": all_stage_submission(work / "nine", stages),
+        }
+        (work / "one").mkdir()
+        shutil.copy(EXAMPLES / "ada_correct_matmul" / f"{STAGE}.py", work / "one")
+        for n in (1, args.batch_students):
+            for i in range(n):
+                shutil.copytree(subs["nine"], work / f"class{n}" / f"student{i}")
+            subs[f"class{n}"] = work / f"class{n}"
+        kinds = stage01_class(work / "class40", args.class_size, args.seed)
+        subs["class40"] = work / "class40"
+        counts: dict[str, int] = {}
+        for k in kinds:
+            counts[k.split(":")[0]] = counts.get(k.split(":")[0], 0) + 1
+        figures["class"] = counts
+        print(
+            f"  {args.class_size} stage-01 notebooks: {counts}; nine stages: {', '.join(stages)}", flush=True
+        )
+        for tree in trees:
+            tree.zip01 = build_zip(tree.path, work / f"{tree.name}-01.zip", [STAGE])
+            tree.zip_all = build_zip(tree.path, work / f"{tree.name}-nine.zip", stages)
+
+        for r in range(args.repeat):
+            t = time.perf_counter()
+            one_round(trees, work, subs, args)
+            print(f"  round {r + 1}/{args.repeat}: {time.perf_counter() - t:.0f} s", flush=True)
+
+        nbgrader_s = None
+        if not args.skip_nbgrader:
+            from benchmarks.bench_class import nbgrader_sample
+
+            sample = [(p.name, STAGE) for p in sorted((work / "class40").iterdir())]
+            t = time.perf_counter()
+            nbg = nbgrader_sample(work / "class40", sample, work / "nbgrader-course")
+            nbgrader_s = nbg["seconds"]
+            figures["nbgrader"] = nbg
+            print(
+                f"  nbgrader autograde: {nbg['notebooks']} notebooks in {nbgrader_s:.1f} s "
+                f"({nbg['autograded']} autograded; {time.perf_counter() - t:.0f} s with its course)",
+                flush=True,
+            )
+        nbformat_s = statistics.median(_wall([PYTHON, "-c", "import nbformat"], work) for _ in range(3))
+        figures["import nbformat (this venv)"] = nbformat_s
+        if args.profile:
+            figures["profile"] = {t.name: profile(t.path, subs["cli"], work) for t in trees}
+
+    rows = []
+    for tree in trees:
+        figures[tree.name] = {"verdicts": verdicts(tree, args, nbgrader_s), "samples": tree.samples}
+    names = list(trees[0].samples)
+    w = max(len(n) for n in names) + 2
+    head = "".join(f"{t.name:>12}" for t in trees)
+    print(f"\n{'figure (median, s)':{w}}{head}   runs ({trees[0].name})")
+    for name in names:
+        vals = "".join(
+            f"{statistics.median(t.samples[name]):>12.2f}" if name in t.samples else f"{'—':>12}"
+            for t in trees
+        )
+        runs = ", ".join(f"{x:.2f}" for x in trees[0].samples[name])
+        print(f"{name:{w}}{vals}   {runs}")
+        rows.append(name)
+    if nbgrader_s is not None:
+        print(f"{'nbgrader autograde, the same notebooks':{w}}{nbgrader_s:>12.2f}")
+    print(f"{'import nbformat (this venv; no grader imports it)':{w}}{nbformat_s:>12.2f}")
+    for tree in trees:
+        print(f"\ntarget ({tree.name})")
+        for name, ratio, verdict in figures[tree.name]["verdicts"]:
+            print(f"  {name:62} {ratio:>8} {verdict}")
+    if args.profile:
+        for name, prof in figures["profile"].items():
+            print(f"\nwhere a cold CLI grade goes ({name}):")
+            print(
+                f"  fork server alone: launch {prof['server_launch_s']:.2f} s, imports and warm-up "
+                f"{prof['server_warm_up_s']:.2f} s, start-up check {prof['server_self_test_s']:.2f} s"
+            )
+            print("  parent imports: " + ", ".join(f"{n} {s:.2f} s" for n, s in prof["parent_imports_s"]))
+            for fn, ct in prof["cli_cumulative_s"]:
+                print(f"    {ct:7.3f} s  {fn}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
+    print(f"\nfigures: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

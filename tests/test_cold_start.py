@@ -1,0 +1,208 @@
+"""A cold grade does only what its submission needs (issue 19), and changes no grade.
+
+- Expected values computed ahead (``grader/expected.py``) are the reference's, byte for
+  byte, and are used only when fresh: another key, other inputs or another shape make the
+  grader compute them again, and say why. They live where no child can read them.
+- A stage without a file costs no expected values and no fork server; what the fork server
+  loads for children (matplotlib, 09's weights) is loaded only when a submission uses it,
+  and a submission that plots in a graded cell still grades.
+- Stages of one submission graded side by side give the results of grading them in turn.
+
+Speed itself is measured by benchmarks/bench_cold.py, never here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+import safetensors
+import safetensors.torch
+import torch
+
+from autograder.grader import expected
+from autograder.grader.grade import Grader, _driver_extras
+from autograder.grader.plan import StagePlan
+from autograder.grader.report import stage_record
+from autograder.sandbox import confine
+from autograder.stages import load_spec
+from tests.support import ROOT, full_marks, max_score, write_py
+
+STAGE = "01_attention"
+EXAMPLES = ROOT / "examples" / "class"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("expected")
+    assert expected.build(directory, [STAGE]) == {STAGE: "computed"}
+    return directory
+
+
+def _values(plan: StagePlan) -> list[list[torch.Tensor]]:
+    return [pc.expectation.values for pc in plan.cases]
+
+
+def test_stored_values_are_the_references_own(store):
+    computed = StagePlan.build(load_spec(STAGE), "cpu")
+    stored, why = expected.plan(load_spec(STAGE), "cpu", store)
+    assert why is None
+    for a, b in zip(_values(computed), _values(stored), strict=True):
+        assert len(a) == len(b) and all(
+            x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b, strict=True)
+        )
+    assert [c.to_json() for c in stored.calls] == [c.to_json() for c in computed.calls]
+    assert stored.inputs_file == computed.inputs_file and stored.hidden_file == computed.hidden_file
+    # a fresh file is kept, not computed again
+    assert expected.build(store, [STAGE]) == {STAGE: "kept"}
+
+
+def _rewrite(path: Path, change) -> None:
+    """The store file with its metadata (a JSON entry) changed by ``change``."""
+    with safetensors.safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()[expected.META])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    change(meta, tensors)
+    path.write_bytes(safetensors.torch.save(tensors, metadata={expected.META: json.dumps(meta)}))
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        (lambda meta, t: meta.update(key="0" * 64), "other code, libraries or machine"),
+        (lambda meta, t: meta.update(inputs="0" * 64), "other inputs"),
+        (lambda meta, t: meta.update(outputs=meta["outputs"][:-1]), "cases"),
+        (lambda meta, t: meta.update(stage="02_multihead"), "is not a store file"),
+        (lambda meta, t: t.clear(), "cannot be read"),
+    ],
+)
+def test_a_stale_or_damaged_store_is_never_used(store, tmp_path, change, why):
+    copy = tmp_path / "expected"
+    shutil.copytree(store, copy)
+    _rewrite(expected.path_for(copy, STAGE), change)
+    planned, reason = expected.plan(load_spec(STAGE), "cpu", copy)
+    assert reason is not None and why in reason, reason
+    computed = StagePlan.build(load_spec(STAGE), "cpu")
+    for a, b in zip(_values(computed), _values(planned), strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert expected.build(copy, [STAGE]) == {STAGE: "computed"}  # and rebuilding mends it
+    assert expected.plan(load_spec(STAGE), "cpu", copy)[1] is None
+
+
+def test_an_install_checks_shipped_values_against_its_own_reference(store, tmp_path):
+    # what setup.sh does to the zip's store on Gradescope's machine (install.sh: --verify)
+    copy = tmp_path / "expected"
+    shutil.copytree(store, copy)
+    assert expected.build(copy, [STAGE], verify=True) == {STAGE: "verified"}
+
+    def nudge(meta, tensors):  # one value off by its last bit, the key and inputs untouched
+        name = next(k for k, t in sorted(tensors.items()) if t.is_floating_point() and t.numel())
+        t = tensors[name].clone()
+        t.view(-1)[0] = torch.nextafter(t.view(-1)[0], torch.tensor(float("inf"), dtype=t.dtype))
+        tensors[name] = t
+
+    _rewrite(expected.path_for(copy, STAGE), nudge)
+    assert expected.plan(load_spec(STAGE), "cpu", copy)[1] is None  # fresh by its key alone
+    done = expected.build(copy, [STAGE], verify=True)
+    assert done[STAGE].startswith("replaced: 1 of "), done
+    computed = StagePlan.build(load_spec(STAGE), "cpu")
+    mended, why = expected.plan(load_spec(STAGE), "cpu", copy)
+    assert why is None and expected.differences(mended, computed) is None
+
+
+def test_the_key_names_what_the_values_depend_on(monkeypatch):
+    spec = load_spec(STAGE)
+    assert expected.key(spec, "cuda") is None  # computed on the grading device, never stored
+    before = expected.key(spec, "cpu")
+    assert before == expected.key(spec, "cpu") != expected.key(load_spec("02_multihead"), "cpu")
+    monkeypatch.setattr(expected, "_version", lambda package: "0.0-other")
+    assert expected.key(spec, "cpu") != before
+    monkeypatch.undo()
+    monkeypatch.setattr(expected.platform, "machine", lambda: "riscv64")
+    assert expected.key(spec, "cpu") != before
+
+
+def test_no_child_can_read_the_store():
+    # a child reads only the system and the Python installation: the store is beside the
+    # code (the checkout's, the image's, the Gradescope zip's source/expected/), never there
+    for directory in (expected.DEFAULT_DIR, expected.store_dir()):
+        if directory is None:
+            continue
+        for root in confine.readable_roots():
+            assert not directory.resolve().is_relative_to(root.resolve()), (directory, root)
+
+
+def test_grades_are_the_same_from_the_store(store, tmp_path):
+    sub = tmp_path / "carol"
+    sub.mkdir()
+    shutil.copy(EXAMPLES / "carol_scale_by_d" / f"{STAGE}.py", sub)
+    with Grader(expected_dir=store) as stored, Grader(expected_dir=None) as computed:
+        a, b = stored.grade(sub, [STAGE]), computed.grade(sub, [STAGE])
+        assert stored.recomputed == {} and computed.recomputed == {}
+    assert stage_record(a.stages[0]) == stage_record(b.stages[0])
+    assert a.score == b.score == 8  # examples/class/README.md
+
+
+def test_a_grader_says_why_it_computed_values(tmp_path):
+    with Grader(expected_dir=tmp_path / "empty") as grader:
+        grader.plan(STAGE)
+    assert "no " in grader.recomputed[STAGE]
+
+
+def test_stages_without_a_file_cost_no_server_and_no_expected_values(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    stages = ["01_attention", "06_transformer_block", "09_mini_bert"]
+    with Grader(expected_dir=None) as grader:
+        result = grader.grade(empty, stages)
+        assert grader._server is None and grader._plans == {}
+    assert result.score == 0 and result.max_score == sum(max_score(s) for s in stages)
+    assert [len(s.tests) for s in result.stages] == [
+        sum(len(g.tests) for g in load_spec(s).graded) for s in stages
+    ]
+    assert all(c.message == "not run" for s in result.stages for t in s.tests for c in t.cases)
+
+
+def test_the_server_loads_only_what_a_submission_uses(tmp_path):
+    assert _driver_extras(load_spec("01_attention")) == set()
+    assert _driver_extras(load_spec("09_mini_bert")) == {"driver:bert"}
+    code = (EXAMPLES / "ada_correct_matmul" / f"{STAGE}.py").read_text()
+    plain = write_py(tmp_path / "plain", STAGE, code)
+    plots = write_py(
+        tmp_path / "plots",
+        STAGE,
+        "import matplotlib.pyplot as plt\nplt.plot([0, 1], [1, 0])\nplt.title('attention')\n" + code,
+    )
+    with Grader(expected_dir=None) as grader:
+        assert grader.grade(plain, [STAGE]).score == max_score(STAGE)
+        assert grader.server._warmed == set()
+        result = grader.grade(plots, [STAGE])
+        assert grader.server._warmed == {"matplotlib"}
+    # a graded cell that imports matplotlib and plots still grades, in full
+    assert {t.function: t.score for t in result.stages[0].tests if t.score}.keys() == full_marks(STAGE).keys()
+    assert result.score == max_score(STAGE), [n for s in result.stages for n in s.notes]
+
+
+def test_stages_side_by_side_grade_as_in_turn(tmp_path):
+    sub = tmp_path / "grace"
+    shutil.copytree(EXAMPLES / "grace_correct_einsum", sub)
+    (sub / "02_multihead.ipynb").unlink()  # one stage missing among those it runs
+    stages = ["01_attention", "02_multihead", "03_positional", "05_normalization"]
+    with Grader() as grader:
+        serial = grader.grade(sub, stages)
+        parallel = grader.grade(sub, stages, workers=3)
+    assert [s.stage for s in parallel.stages] == stages
+    assert [stage_record(s) for s in parallel.stages] == [stage_record(s) for s in serial.stages]
+
+
+def test_the_gradescope_zip_ships_its_stages_expected_values(store, tmp_path):
+    from autograder.grader.gradescope import build_zip
+
+    out = build_zip(tmp_path / "autograder.zip", [STAGE])
+    with zipfile.ZipFile(out) as zf:
+        shipped = {n: zf.read(n) for n in zf.namelist() if n.startswith("expected/")}
+    # stage 01 runs no earlier stage: its file alone, the same bytes as a store built here
+    assert shipped == {f"expected/{STAGE}.safetensors": expected.path_for(store, STAGE).read_bytes()}
