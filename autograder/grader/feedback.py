@@ -35,7 +35,14 @@ from autograder.grader.options import (
     safe_name,
 )
 from autograder.grader.report import escape
-from autograder.runtime.results import CaseResult, KeptArrays, StageResult, SubmissionResult, TestResult
+from autograder.runtime.results import (
+    CaseResult,
+    KeptArrays,
+    StageResult,
+    SubmissionResult,
+    TestResult,
+    counterexample_text,
+)
 
 if TYPE_CHECKING:  # numpy loads when a picture is drawn, not with the CLI
     import numpy as np
@@ -280,6 +287,9 @@ def _test(stage: str, t: TestResult, pictures: Mapping[CaseKey, str]) -> str:
         )
     else:
         parts.append(f'<ol class="cases">{cases}</ol>')
+    if t.counterexample is not None:  # public data only, so a hidden test shows it too
+        found = _t(counterexample_text(t.counterexample), 16000)
+        parts.append(f'<div class="callout hint counterexample"><pre>{found}</pre></div>')
     parts.append("</article>")
     return "\n".join(parts)
 

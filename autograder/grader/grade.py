@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 
 from autograder.grader import expected
+from autograder.grader.counterexample import Counterexamples
 from autograder.grader.launch import Launched
 from autograder.grader.plan import StagePlan
 from autograder.grader.runner import (
@@ -49,11 +50,14 @@ class Grader:
         device: str = "cpu",
         limits: Limits | None = None,
         keep_arrays: bool = False,
+        counterexamples: bool = True,
         server: Launched | None = None,
         expected_dir: Path | None | Literal["auto"] = "auto",
     ) -> None:
         """``keep_arrays``: failing cases keep small 2-D windows of the student's and the
         expected values (``CaseResult.arrays``, for the HTML feedback's pictures).
+        ``counterexamples``: ``grade`` gives each failing test its name's smallest failing
+        public input (``grader/counterexample.py``; one more child per failing stage).
         ``server``: a fork server ``launch()``ed before this process imported torch.
         ``expected_dir``: expected values computed ahead (``grader/expected.py``; "auto":
         the store beside the code, or ``$BERTLAB_EXPECTED_DIR``; None: compute them all)."""
@@ -64,6 +68,7 @@ class Grader:
         self.device = device
         self.limits = limits or Limits()
         self.keep_arrays = keep_arrays
+        self.counterexamples = Counterexamples(self) if counterexamples else None
         self.expected_dir = expected.store_dir() if expected_dir == "auto" else expected_dir
         # stage -> why its expected values were computed here, not read from the store
         self.recomputed: dict[str, str] = {}
@@ -232,6 +237,8 @@ class Grader:
                 results = [futures[s].result() for s in stages]
         else:
             results = [self.grade_stage(submission, s) for s in stages]
+        if self.counterexamples is not None:
+            self.counterexamples.attach(submission, results)
         self._blame_earlier_stages(submission, results)
         name = student or Submission(submission).name
         return SubmissionResult(name, results, time.monotonic() - t0)

@@ -1,6 +1,8 @@
 """The public self-check data of a stage: public cases' inputs, expected outputs and the
-known mistakes' outputs, as data (one safetensors file, JSON metadata). Never hidden
-cases, never the reference code.
+known mistakes' outputs, as data (one safetensors file, JSON metadata); and each graded
+name's small inputs (``small``: the counterexample search's, ``grader/counterexample.py``),
+the same way, with the code that makes each call. Never hidden cases, never the reference
+code.
 
 Expected and mistaken outputs are computed here, and their last bits depend on the CPU:
 torch picks AVX-512, AVX2 or plain kernels (``ATEN_CPU_CAPABILITY``), oneDNN, MKL and
@@ -12,6 +14,7 @@ the float outputs agree within the tolerance the grader applies to that very cas
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -20,7 +23,10 @@ import safetensors
 import safetensors.torch
 import torch
 
-from autograder.grader.plan import StagePlan
+from autograder.grader.counterexample import Ladder
+from autograder.grader.plan import PlannedCase, StagePlan
+from autograder.grader.runner import encode_inputs
+from autograder.runtime import wire
 from autograder.runtime.compare import Tolerance, matches
 from autograder.runtime.harness import CallSpec
 from autograder.runtime.selfcheck import FORMAT
@@ -35,36 +41,64 @@ def selfcheck_file(stage: str) -> str:
     return f"{stage}.selfcheck.safetensors"
 
 
+def _stored(t: torch.Tensor) -> torch.Tensor:
+    """A copy in row-major strides: an output of one element may come with any stride (a
+    slice), which ``contiguous()`` and ``clone()`` keep."""
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _case(pc: PlannedCase, call: CallSpec, tensors: dict[str, torch.Tensor], index: int) -> dict:
+    """One case's call and expectation as the self-check reads them; its tensors go into
+    ``tensors`` under ``index`` (inputs ``c{index}.*``, expected ``e``, regions ``r``,
+    variants ``v``)."""
+    e = pc.expectation
+    for k, v in enumerate(e.values):
+        tensors[f"e{index}.{k}"] = _stored(v)
+    for k, r in enumerate(e.regions):
+        if r is not None:
+            tensors[f"r{index}.{k}"] = _stored(r)
+    variants = []
+    for j, (mid, outs) in enumerate(e.variants):
+        for k, v in enumerate(outs):
+            tensors[f"v{index}.{j}.{k}"] = _stored(v)
+        variants.append(mid)
+    return {
+        **CallSpec.to_json(call),  # the call, as the grading child's plan holds it
+        "group": pc.test.group,
+        "label": pc.label,
+        "rtol": e.tolerance.rtol,
+        "atol": e.tolerance.atol,
+        "check_device": e.device is not None,
+        "variants": variants,
+        "regions": [r is not None for r in e.regions],
+    }
+
+
+def _small(spec: StageSpec, first: int, tensors: dict[str, torch.Tensor]) -> list[dict]:
+    """The small inputs of every graded name, numbered from ``first`` on (after the public
+    cases), each with its place in its name's order, its size and the code of its call."""
+    ladder = Ladder.build(spec, "cpu")
+    calls = {c.index: c for c in ladder.plan.calls}
+    out = []
+    for n, pc in enumerate(ladder.plan.cases):
+        index, call, rung = first + n, calls[pc.index], ladder.rungs[pc.index]
+        data = {k: wire.decode(v, ladder.plan.inputs) for k, v in call.data.items()}
+        skeletons, inputs = encode_inputs([(index, data)])
+        tensors |= inputs
+        moved = dataclasses.replace(call, index=index, data=skeletons[index])
+        out.append(
+            {**_case(pc, moved, tensors, index), "rank": rung.rank, "size": rung.size, "code": rung.code}
+        )
+    return out
+
+
 def build(spec: StageSpec) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(tensors, metadata) of the stage's public self-check data, computed on the CPU."""
     plan = StagePlan.build(spec, "cpu", hidden=False)
     tensors = dict(plan.inputs)
     calls = {c.index: c for c in plan.calls}
-    cases = []
-    for pc in plan.cases:
-        e = pc.expectation
-        for k, v in enumerate(e.values):
-            tensors[f"e{pc.index}.{k}"] = v.contiguous().clone()
-        for k, r in enumerate(e.regions):
-            if r is not None:
-                tensors[f"r{pc.index}.{k}"] = r.contiguous().clone()
-        variants = []
-        for j, (mid, outs) in enumerate(e.variants):
-            for k, v in enumerate(outs):
-                tensors[f"v{pc.index}.{j}.{k}"] = v.contiguous().clone()
-            variants.append(mid)
-        cases.append(
-            {
-                **CallSpec.to_json(calls[pc.index]),  # the call, as the grading child's plan holds it
-                "group": pc.test.group,
-                "label": pc.label,
-                "rtol": e.tolerance.rtol,
-                "atol": e.tolerance.atol,
-                "check_device": e.device is not None,
-                "variants": variants,
-                "regions": [r is not None for r in e.regions],
-            }
-        )
+    cases = [_case(pc, calls[pc.index], tensors, pc.index) for pc in plan.cases]
+    small = _small(spec, len(plan.cases), tensors)
     graded = {
         g.name: {
             "task": g.task,
@@ -81,6 +115,7 @@ def build(spec: StageSpec) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         "graded": graded,
         "cases": cases,
         "misconceptions": dict(spec.misconceptions),
+        "small": small,
     }
     return tensors, {"bertlab": json.dumps(meta, sort_keys=True)}
 
@@ -97,7 +132,7 @@ def read(path: Path) -> Data:
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)
+    return _stored(t).reshape(-1).view(torch.uint8)
 
 
 def differences(have: Data, want: Data) -> list[str]:
@@ -114,7 +149,8 @@ def differences(have: Data, want: Data) -> list[str]:
     for key in sorted(want_tensors.keys() - tensors.keys()):
         out.append(f"{key}: missing")
     try:
-        cases = {c["index"]: c for c in json.loads(want_meta["bertlab"])["cases"]}
+        wanted = json.loads(want_meta["bertlab"])
+        cases = {c["index"]: c for c in [*wanted["cases"], *wanted.get("small", [])]}
     except (KeyError, TypeError, ValueError):
         cases = {}
     for key in sorted(tensors.keys() & want_tensors.keys()):
@@ -147,16 +183,18 @@ def _meta_differences(meta: dict[str, str], want: dict[str, str]) -> list[str]:
     except (KeyError, TypeError, ValueError):
         return ["metadata differs"]
     keys = sorted(a.keys() | b.keys())
-    out = [f"metadata differs: {k}" for k in keys if k != "cases" and a.get(k) != b.get(k)]
-    if not isinstance(a.get("cases"), list) or not isinstance(b.get("cases"), list):
-        return out + ["metadata differs: cases"]
-    if len(a["cases"]) != len(b["cases"]):
-        out.append(f"metadata differs: {len(a['cases'])} cases where {len(b['cases'])} are expected")
-    else:
-        for n, (x, y) in enumerate(zip(a["cases"], b["cases"], strict=True)):
-            if x != y:
-                what = f" ({y.get('name')}/{y.get('label')})" if isinstance(y, dict) else ""
-                out.append(f"metadata differs: case {n}{what}")
+    listed = {"cases": "case", "small": "small input"}
+    out = [f"metadata differs: {k}" for k in keys if k not in listed and a.get(k) != b.get(k)]
+    for key in listed:
+        if not isinstance(a.get(key), list) or not isinstance(b.get(key), list):
+            out.append(f"metadata differs: {key}")
+        elif len(a[key]) != len(b[key]):
+            out.append(f"metadata differs: {len(a[key])} {key} where {len(b[key])} are expected")
+        else:
+            for n, (x, y) in enumerate(zip(a[key], b[key], strict=True)):
+                if x != y:
+                    what = f" ({y.get('name')}/{y.get('label')})" if isinstance(y, dict) else ""
+                    out.append(f"metadata differs: {listed[key]} {n}{what}")
     return out or ["metadata differs"]
 
 

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from autograder.runtime.results import StageResult, SubmissionResult
+from autograder.runtime.results import StageResult, SubmissionResult, TestResult, counterexample_text
 
 # C0 and C1 controls (terminal escapes among them) and lone surrogates, which cannot be
 # written as UTF-8; newline and tab stay.
@@ -30,6 +30,16 @@ def escape(text: str, limit: int = 4000) -> str:
     """Student-produced text made safe to show: no control characters, bounded length."""
     text = _CONTROL.sub("�", text)
     return text if len(text) <= limit else text[:limit] + "\n… (truncated)"
+
+
+def _output(t: TestResult) -> tuple[str, str]:
+    """A test's text, bounded, and its counterexample's, which ends it: kept whole up to a
+    bound of its own, since code cut short does not run."""
+    if t.counterexample is None:
+        return escape(t.output), ""
+    found = escape(counterexample_text(t.counterexample), 16000)
+    body = t.output[: -len(counterexample_text(t.counterexample))].rstrip("\n")
+    return escape(body) + "\n" + found, found
 
 
 def clause_of(stage: str, function: str) -> str | None:
@@ -60,6 +70,7 @@ def to_gradescope(result: SubmissionResult) -> dict[str, Any]:
             clause = clause_of(t.stage, t.function)
             tags += [f"clause:{clause}"] if clause else []
             tags += [f"misconception:{m}" for m in t.misconceptions]
+            output, _ = _output(t)
             tests.append(
                 {
                     "name": t.name,
@@ -67,7 +78,7 @@ def to_gradescope(result: SubmissionResult) -> dict[str, Any]:
                     "score": t.score,
                     "max_score": t.max_score,
                     "status": "passed" if t.passed else "failed",
-                    "output": escape(t.output),
+                    "output": output,
                     "tags": tags,
                     "visibility": "visible",
                 }

@@ -740,6 +740,33 @@ def run_submission(
             job_end.close()
 
 
+def run_public(
+    server: ForkServer,
+    cells: list[tuple[str, str]],
+    module_name: str,
+    calls: list[Planned],
+    inputs: bytes,
+    device: str,
+    limits: Limits,
+    parts: dict[str, list[tuple[str, str]]] | None = None,
+) -> RunReport:
+    """Run a submission's code and public calls only, in fresh children that never receive
+    a hidden input: there is no hidden phase (the plan says none, so a child neither opens
+    the hidden file nor may ask for it). Everything such a run returns may be shown to its
+    student, whatever a hidden case did in an earlier run of the same code: a new job
+    (work dir, uid lease), and the earlier job's processes swept before this one starts.
+    Counterexamples (``grader/counterexample.py``) are searched this way."""
+    if any(c.hidden for c in calls):
+        raise ValueError("run_public runs public calls only")
+    # an earlier job of this submission (the one that held hidden inputs) may still be
+    # ending in the background: its uid's processes are swept before a new child exists
+    server.drain()
+    report = run_submission(server, cells, module_name, calls, inputs, device, limits, parts)
+    if report.private_stdout or report.private_notes or report.private_cell_errors:
+        raise RuntimeError("a public-only run released hidden inputs")  # cannot happen: none were given
+    return report
+
+
 def finish_outcomes(calls: list[Planned], outcomes: dict[int, CallOutcome], stopped: str) -> None:
     """Every call gets an outcome; a reported success gets its returned values as tensors,
     checked against what the child said they are (a malformed report fails that call)."""

@@ -13,6 +13,10 @@ for students all render ``for_students(result)``, never the result itself. The r
   stage, ``check.GENERIC_MISCONCEPTIONS``). Not its cases' labels or shapes, not
   an error message, not a value: they are derived from hidden inputs or expected values, or
   were written by code that held hidden inputs.
+- A failing test's **counterexample** (``TestResult.counterexample``) is shown with hidden
+  tests too: its input is one of its name's small inputs (public: the self-check data ships
+  them), never a hidden case's, and the student's output on it comes from a child that never
+  received a hidden input (``runner.run_public``, ``grader/counterexample.py``).
 - What the code printed, its notes and its cells' errors are shown only from before it
   received hidden inputs (``StageResult.stdout``, ``notes``); what came after
   (``private_stdout``, ``private_notes``) is for instructors.
@@ -63,7 +67,13 @@ def _hidden_test(t: TestResult, hints: Mapping[str, str]) -> TestResult:
         )
         for k, c in enumerate(t.cases, start=1)
     ]
-    return dataclasses.replace(t, cases=cases, misconceptions=known(t.misconceptions), redacted=True)
+    return dataclasses.replace(
+        t,
+        cases=cases,
+        misconceptions=known(t.misconceptions),
+        redacted=True,
+        counterexample=t.counterexample,  # public inputs, a clean child: see the module's rule
+    )
 
 
 def _stage(s: StageResult) -> StageResult:

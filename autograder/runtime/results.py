@@ -1,8 +1,9 @@
 """What grading produced, as data: every output is a renderer of these dataclasses.
 
 A ``TestResult`` holds its headline, its cases (label, verdict, numbers, named mistakes
-with their hints), the earlier stages it blames and whether it is hidden; nothing is
-built as text to be parsed back. ``TestResult.output`` (results.json's text) and
+with their hints), the earlier stages it blames, whether it is hidden and, when it fails,
+its name's smallest counterexample (``Counterexample``); nothing is built as text to be
+parsed back. ``TestResult.output`` (results.json's text) and
 ``CaseResult.text`` (the self-check's) are the plain-text renderers, kept here because the
 self-check ships with them; ``grader/report.py`` (results.json, terminal tables, the
 gradebook's rows), ``grader/feedback.py`` (HTML) and ``grader/gradescope.py`` render the
@@ -68,6 +69,51 @@ class CaseResult:
         )
 
 
+@dataclass(frozen=True)
+class Counterexample:
+    """The smallest public input found on which a graded name disagrees with the reference,
+    as data (``counterexample_text`` renders it; ``grader/counterexample.py`` finds it, the
+    self-check finds the same one). Derived only from the stage's public small inputs
+    (``stages/spec.small_cases``), run in a child that never received a hidden input, so a
+    hidden test shows it too (``visibility.for_students``)."""
+
+    function: str
+    # Python that reproduces the call in the student's notebook: its last line is an
+    # expression whose value is the output ("yours" below)
+    code: str
+    expected: str  # the expected outputs, one `name = value` line each, values as Python literals
+    got: str  # the student's outputs likewise; empty when the call returned none (``message`` says why)
+    message: str  # the verdict on this input, as a case's message
+    misconceptions: list[str] = field(default_factory=list)  # the mistakes it names, by id
+    rank: int = 0  # its place among the name's small inputs, smallest first (1-based)
+    size: int = 0  # how many numbers (and words) the input holds
+
+
+COUNTEREXAMPLE_HEAD = (
+    "Smallest input found on which your `{function}` disagrees (paste it into your notebook):"
+)
+
+
+def counterexample_text(ce: Counterexample) -> str:
+    """A counterexample as every output shows it: results.json, Gradescope, the HTML
+    feedback and the self-check (one text, so a student recognises it everywhere)."""
+
+    def block(text: str) -> list[str]:
+        return ["    " + line for line in text.splitlines()]
+
+    lines = [
+        COUNTEREXAMPLE_HEAD.format(function=ce.function),
+        *block(ce.code),
+        "expected:",
+        *block(ce.expected),
+    ]
+    if ce.got:
+        lines += ["yours:", *block(ce.got)]
+    lines.append(f"what differs: {ce.message}")
+    lines += [f"likely mistake [{m}]" for m in ce.misconceptions]
+    return "\n".join(lines)
+
+
 @dataclass
 class TestResult:
     stage: str
@@ -87,6 +133,9 @@ class TestResult:
     # What a student may see of a hidden test (``visibility.for_students``): its cases are
     # placeholders ("hidden case 1": passed or failed, the trusted hints), its text a summary.
     redacted: bool = False
+    # A failing test's counterexample, when its name has one within the search's budget
+    # (public data only: shown with hidden tests too).
+    counterexample: Counterexample | None = None
 
     @property
     def remarks(self) -> list[str]:
@@ -117,11 +166,15 @@ class TestResult:
     @property
     def output(self) -> str:
         """Its text, as results.json and Gradescope show it: the summary, the remarks and a
-        line per case (a redacted test: the summary, remarks and named mistakes)."""
+        line per case (a redacted test: the summary, remarks and named mistakes), then its
+        counterexample, if it has one."""
+        found = [counterexample_text(self.counterexample)] if self.counterexample else []
         if self.redacted:
-            return "\n".join([self.summary, *self.remarks, *self.summary_notes])
+            return "\n".join([self.summary, *self.remarks, *self.summary_notes, *found])
         cases = [f"{'✓' if c.passed else '✗'} {c.label}: {c.text}" for c in self.cases]
-        return "\n".join([self.summary, *([self.headline] if self.headline else []), *cases, *self.blame])
+        return "\n".join(
+            [self.summary, *([self.headline] if self.headline else []), *cases, *self.blame, *found]
+        )
 
     @property
     def name(self) -> str:

@@ -6,9 +6,12 @@
 It reads the stage's public data shipped beside the notebook
 (``NN_stage.selfcheck.safetensors``: public inputs, expected outputs, and the outputs of
 known mistakes), calls the student's function exactly as the grader will, and shows per
-case whether it passes, the largest error and where, and the likely mistake. It uses
-the grader's own harness and checks, so its messages are the grader's messages. It never
-imports the reference and knows nothing of hidden cases beyond their group names.
+case whether it passes, the largest error and where, and the likely mistake. When a case
+fails, it also tries the name's small inputs (shipped the same way), smallest first, and
+shows the first on which the function disagrees: the grader's counterexample, in the
+grader's words. It uses the grader's own harness and checks, so its messages are the
+grader's messages. It never imports the reference and knows nothing of hidden cases beyond
+their group names.
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ import torch
 
 from autograder.runtime.check import Expectation, all_hints, check_case
 from autograder.runtime.compare import Tolerance
+from autograder.runtime.counterexample import Pick, counterexample
 from autograder.runtime.harness import CallSpec
-from autograder.runtime.results import CaseResult
+from autograder.runtime.results import CaseResult, Counterexample, counterexample_text
 
 # The data's layout (``grader/public.py`` writes it): 2, each case holds its call as
-# ``CallSpec.to_json`` writes it, the form the grading child's plan holds.
+# ``CallSpec.to_json`` writes it, the form the grading child's plan holds. Its ``small``
+# list (the counterexamples' inputs, in the same form) came later without a new format: a
+# self-check that does not know it ignores it, and this one reads data without it.
 FORMAT = 2
 
 
@@ -73,6 +79,8 @@ class Report:
     groups: list[GroupReport]
     hidden_groups: list[str]
     hints: dict[str, str]
+    # the smallest of the name's small inputs on which ``fn`` disagrees, when a case fails
+    counterexample: Counterexample | None = None
 
     @property
     def passed(self) -> bool:
@@ -92,6 +100,8 @@ class Report:
                 lines.append(f"      {'✓' if c.passed else '✗'} {c.label}: {c.text}")
         if self.hidden_groups:
             lines.append("  The grader also runs hidden cases: " + "; ".join(self.hidden_groups) + ".")
+        if self.counterexample is not None:
+            lines += ["  " + line for line in counterexample_text(self.counterexample).splitlines()]
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -117,12 +127,16 @@ class Report:
                 + html.escape("; ".join(self.hidden_groups))
                 + ".</i></p>"
             )
+        found = ""
+        if self.counterexample is not None:
+            found = f"<pre>{html.escape(counterexample_text(self.counterexample))}</pre>"
         return (
             f"<div><b style='color:{colour}'>{html.escape(self.name)}: {ok}/{n} public cases pass</b>"
             f"<table><tr><th></th><th>group</th><th>case</th><th style='text-align:left'>result</th></tr>"
             + "".join(rows)
             + "</table>"
             + hidden
+            + found
             + "</div>"
         )
 
@@ -162,28 +176,11 @@ def check(
     for case in meta["cases"]:
         if case["name"] != name:
             continue
-        call = CallSpec.from_json(case)  # the call as the grader's child makes it
-        status, info, items = call.run(namespace, tensors, device)
-        i, n_out = call.index, len(call.outputs)
-        regions = [tensors.get(f"r{i}.{k}") if case["regions"][k] else None for k in range(n_out)]
-        variants = [
-            (mid, [tensors[f"v{i}.{j}.{k}"] for k in range(n_out)]) for j, mid in enumerate(case["variants"])
-        ]
-        exp = Expectation(
-            name=name,
-            signature=g["signature"],
-            outputs=call.outputs,
-            returns=tuple(g["returns"]) if isinstance(g["returns"], list) else g["returns"],
-            values=[tensors[f"e{i}.{k}"] for k in range(n_out)],
-            regions=regions,
-            tolerance=Tolerance(case["rtol"], case["atol"]),
-            device=device if case["check_device"] else None,
-            variants=variants,
-        )
+        _, status, info, items, exp = _run(case, g, namespace, tensors, device)
         groups.setdefault(case["group"], []).append(
             check_case(case["label"], status, info, items, exp, meta["misconceptions"])
         )
-    return Report(
+    report = Report(
         name,
         g["signature"],
         [GroupReport(k, v) for k, v in groups.items()],
@@ -191,3 +188,49 @@ def check(
         # the generic mistakes' hints come with this runtime, not with the stage's data
         all_hints(meta["misconceptions"]),
     )
+    if not report.passed:
+        report.counterexample = _counterexample(meta, g, name, namespace, tensors, device)
+    return report
+
+
+def _run(
+    case: dict[str, Any], g: dict[str, Any], namespace: dict[str, Any], tensors: dict, device: str
+) -> tuple[CallSpec, str, dict[str, Any], list, Expectation]:
+    """Make one case's call as the grader's child makes it; the call, what it returned and
+    the case's expectation."""
+    call = CallSpec.from_json(case)
+    status, info, items = call.run(namespace, tensors, device)
+    i, n_out = call.index, len(call.outputs)
+    regions = [tensors.get(f"r{i}.{k}") if case["regions"][k] else None for k in range(n_out)]
+    variants = [
+        (mid, [tensors[f"v{i}.{j}.{k}"] for k in range(n_out)]) for j, mid in enumerate(case["variants"])
+    ]
+    exp = Expectation(
+        name=call.name,
+        signature=g["signature"],
+        outputs=call.outputs,
+        returns=tuple(g["returns"]) if isinstance(g["returns"], list) else g["returns"],
+        values=[tensors[f"e{i}.{k}"] for k in range(n_out)],
+        regions=regions,
+        tolerance=Tolerance(case["rtol"], case["atol"]),
+        device=device if case["check_device"] else None,
+        variants=variants,
+    )
+    return call, status, info, items, exp
+
+
+def _counterexample(
+    meta: dict[str, Any], g: dict[str, Any], name: str, namespace: dict[str, Any], tensors: dict, device: str
+) -> Counterexample | None:
+    """The name's small inputs, smallest first, until one settles its counterexample (the
+    grader's rule, ``Pick``)."""
+    pick = Pick(meta["misconceptions"])
+    for case in meta.get("small", []):
+        if case["name"] != name:
+            continue
+        _, status, info, items, exp = _run(case, g, namespace, tensors, device)
+        result = check_case(case["label"], status, info, items, exp, meta["misconceptions"])
+        found = counterexample(name, case["code"], status, items, exp, result, case["rank"], case["size"])
+        if pick.offer(found):
+            break
+    return pick.result

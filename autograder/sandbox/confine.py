@@ -20,7 +20,9 @@ seccomp (all threads)      child       connecting to unix socket files (D-Bus, X
                                        syslog); sockets of families the network namespace
                                        does not confine (vsock, bluetooth...); every path
                                        around the filter: a foreign syscall ABI (int 0x80,
-                                       x32) kills the process, io_uring is refused
+                                       x32) kills the process, io_uring is refused;
+                                       what outlives a job where the next job can read
+                                       it: System V IPC, POSIX message queues, keyrings
 scrubbed environment       both        secrets and tokens in the grader's environment
 
 Each layer is detected at start-up (``detect``) and reported by ``python -m autograder
@@ -275,7 +277,8 @@ def detect() -> Report:
                 "seccomp",
                 seccomp,
                 "no unix sockets (D-Bus, X11, agents), only inet and netlink families, "
-                "non-native ABIs (int 0x80, x32) killed, io_uring denied"
+                "non-native ABIs (int 0x80, x32) killed, io_uring denied, "
+                "no IPC objects or keys that outlive a job"
                 if seccomp
                 else "the filter is written for x86_64"
                 if os.uname().machine != "x86_64"
@@ -452,6 +455,15 @@ _AUDIT_ARCH_X86_64 = 0xC000003E
 _X32_SYSCALL_BIT = 0x40000000
 _NR_SOCKET, _NR_SOCKETPAIR, _NR_SECCOMP = 41, 53, 317
 _NR_IO_URING_SETUP, _NR_IO_URING_REGISTER = 425, 427  # setup, enter, register
+# Kernel objects that outlive the process that made them and that a later job (another uid,
+# another work dir) can open by a well-known key or name: a child that received hidden
+# inputs could leave them there for the next child of the same code (a counterexample
+# search's, which may be shown to students) or for another student's.
+# shmget, shmat, shmctl (29-31); semget, semop, semctl, shmdt, msgget, msgsnd, msgrcv, msgctl
+# (64-71); semtimedop (220); mq_open, mq_unlink, mq_timedsend, mq_timedreceive, mq_notify,
+# mq_getsetattr (240-245)
+_NR_OUTLIVING = (29, 30, 31, 64, 65, 66, 67, 68, 69, 70, 71, 220, 240, 241, 242, 243, 244, 245)
+_NR_KEYS = (248, 249, 250)  # add_key, request_key, keyctl: the session keyring is shared
 _RET_KILL_PROCESS, _RET_ALLOW, _RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
 _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC = 1, 1
 # Families whose sockets the child's empty network namespace confines (netlink: glibc's
@@ -498,6 +510,9 @@ def seccomp_program() -> list[tuple[int, int, int, int]]:
       ``sendto`` or ``connect`` any pathname datagram socket. EACCES otherwise.
     - io_uring_setup/enter/register fail with ENOSYS, as on a kernel without io_uring:
       its IORING_OP_SOCKET opens a socket without socket(2).
+    - System V IPC (shared memory, semaphores, message queues), POSIX message queues and
+      the keyrings fail with ENOSYS: their objects outlive a job and are found by key, so
+      they would carry what one job saw (hidden inputs) to the next.
 
     Arguments are compared on their low 32 bits, as the kernel reads an ``int``.
     """
@@ -511,6 +526,7 @@ def seccomp_program() -> list[tuple[int, int, int, int]]:
         (jge, "kill", 0, _X32_SYSCALL_BIT),
         (jeq, "socket", 0, _NR_SOCKET),
         (jeq, "socketpair", 0, _NR_SOCKETPAIR),
+        *[(jeq, "enosys", 0, n) for n in (*_NR_OUTLIVING, *_NR_KEYS)],
         (jge, 0, "allow", _NR_IO_URING_SETUP),
         (jgt, "allow", "enosys", _NR_IO_URING_REGISTER),
         "socket",
@@ -566,6 +582,7 @@ def _seccomp_works() -> bool:
         for nr, args, errno in (
             (_NR_SOCKET, (_AF_UNIX, _SOCK_STREAM, 0), _EACCES),
             (_NR_IO_URING_SETUP, (1, 0), _ENOSYS),
+            (_NR_OUTLIVING[0], (0, 4096, 0o1666), _ENOSYS),  # shmget(IPC_PRIVATE, ..., IPC_CREAT)
         ):
             fd = _libc.syscall(nr, *(ctypes.c_long(a) for a in args))
             refused.append(fd < 0 and ctypes.get_errno() == errno)
