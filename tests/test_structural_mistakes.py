@@ -55,6 +55,19 @@ RETURNED = {
     ("07_bert_pretraining", "mask_tokens"): (0, "statistics the driver computes over 600 calls"),
     ("07_bert_pretraining", "create_masked_lm_predictions"): (3, "the 4th output is the rng's next draws"),
     ("07_bert_pretraining", "BertPretrainingHeads"): (2, "the 3rd output is the driver's test of the tying"),
+    ("11_transfer", "freeze_backbone"): (
+        0,
+        "the student returns nothing: the driver reads requires_grad and .grad after a backward pass",
+    ),
+    ("11_transfer", "param_groups"): (
+        0,
+        "the student returns AdamW's groups, which the driver turns into per-parameter weight decays "
+        "and runs N steps with",
+    ),
+    ("11_transfer", "linear_schedule_with_warmup"): (
+        0,
+        "the student returns a scheduler, which the driver steps and reads the learning rates of",
+    ),
 }
 
 

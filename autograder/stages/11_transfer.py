@@ -235,6 +235,13 @@ def _states_before_each_layer(model, input_ids, token_type_ids=None, attention_m
     return _pick(everything, layers)
 
 
+def _states_shifted(model, input_ids, token_type_ids=None, attention_mask=None, layers=None):
+    """Each layer's input appended before it runs, after the embeddings: state i holds the
+    output of layer i - 1 (state 1 the embeddings again), and no state the last layer's."""
+    everything = ref.hidden_states(model, input_ids, token_type_ids, attention_mask)
+    return _pick(torch.cat([everything[:1], everything[:-1]]), layers)
+
+
 def _pick(states: Tensor, layers: list[int] | None) -> Tensor:
     if layers is None:
         return states
@@ -681,6 +688,7 @@ STATES = Graded(
     graded_region=_real_tokens,
     tolerance=_real_weights_tolerance,
     variants=(
+        Variant("hidden-states-off-by-one", _states_shifted),
         Variant("hidden-states-off-by-one", _states_without_embeddings),
         Variant("hidden-states-off-by-one", _states_before_each_layer),
     ),

@@ -15,6 +15,7 @@ import torch
 
 import reference
 from autograder.runtime.drivers.bert import minilm_dir, minilm_weights
+from tests.support import ROOT
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # no network, ever: the files are local
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -316,3 +317,53 @@ def test_align_labels_on_hand_made_word_ids():
         for pieces in itertools.product(range(1, 5), repeat=n):
             word_ids = [None] + [w for w, k in enumerate(pieces) for _ in range(k)] + [None]
             assert ref.align_labels(word_ids, list(range(n))) == _course_recipe(list(range(n)), word_ids)
+
+
+# -- the drivers' AdamW ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_drivers_adamw_equals_torch_adamw_bit_for_bit(dtype):
+    """The grader runs torch.optim.AdamW's update itself (drivers/transfer.py: a torch step
+    imports torch._dynamo); on the probe model with decay groups and a schedule, the two
+    trajectories are identical."""
+    from autograder.runtime.drivers import transfer
+
+    torch.manual_seed(8)
+    sizes = dict(vocab=30, hidden=8, inner=12, layers=2, classes=3, norm_bias=False)
+    start = transfer.ProbeModel(**sizes).to(dtype).state_dict()
+    input_ids, labels = torch.randint(0, 30, (6, 5)), torch.randint(0, 3, (6,))
+    runs = []
+    for make in (transfer.AdamW, torch.optim.AdamW):
+        model = transfer.ProbeModel(**sizes).to(dtype)
+        model.load_state_dict(start)
+        optimizer = make(ref.param_groups(model, 0.4), lr=0.05, betas=(0.8, 0.99), eps=1e-6)
+        schedule = ref.linear_schedule_with_warmup(optimizer, 2, 6)
+        for _ in range(8):
+            torch.nn.functional.cross_entropy(model(input_ids), labels).backward()
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+        runs.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0], torch.cat([p.flatten() for p in start.values()]))
+
+
+def test_grading_an_optimiser_imports_no_dynamo():
+    """A grading child does not pay torch._dynamo's import (1-2 s) for stage 11's drivers."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, reference\n"
+        "from autograder.stages import load_spec\n"
+        "from autograder.stages.spec import build_case\n"
+        "from autograder.grader.plan import run_trusted\n"
+        "spec = load_spec('11_transfer')\n"
+        "for name in ('param_groups', 'linear_schedule_with_warmup'):\n"
+        "    g = spec.graded_name(name)\n"
+        "    run_trusted(g.reference, g, build_case(spec, g, g.tests[0], g.tests[0].cases[0]), 'cpu', spec)\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False", out.stderr
