@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -214,10 +215,8 @@ def _graded_rows(data: CaseData) -> tuple[Tensor | None, Tensor | None]:
     if mask is None:
         return None, None
     q, k, _ = data.args
-    shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], mask.shape[:-2]) + (
-        q.size(-2),
-        k.size(-2),
-    )
+    # numpy's, not torch.broadcast_shapes: that imports sympy (half a second of a cold grade)
+    shape = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], mask.shape[:-2]) + (q.size(-2), k.size(-2))
     rows = mask.expand(shape).any(dim=-1, keepdim=True)  # (..., Lq, 1)
     return rows, rows
 
