@@ -31,6 +31,7 @@ from autograder.grader.options import (
     check_stages,
     check_submissions,
     console,
+    launch_for,
     open_grader,
     safe_name,
 )
@@ -408,11 +409,13 @@ def command(
     check_submissions(submissions)
     check_stages(stage)
     check_submissions(submissions, "pages")
+    from autograder.grader.batch import default_workers
     from autograder.runtime.submission import Submission
     from autograder.stages import stage_ids
 
-    with open_grader(device, call_timeout, submission_timeout, keep_arrays=True) as grader:
+    server = launch_for(submissions, stage)
+    with open_grader(device, call_timeout, submission_timeout, keep_arrays=True, server=server) as grader:
         for sub in submissions:
-            r = grader.grade(sub, Submission(sub).stages(stage_ids(), stage))
+            r = grader.grade(sub, Submission(sub).stages(stage_ids(), stage), workers=default_workers())
             page = write_html(r, out / safe_name(r.student) / "feedback.html", show_hidden=show_hidden)
             console.print(f"{escape(r.student, 80)}: {r.score:g} / {r.max_score:g} → {page}", markup=False)
