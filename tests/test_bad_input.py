@@ -251,10 +251,15 @@ def test_results_file_is_valid_with_a_clear_message(run, student):
 
 
 def test_load_failures_say_why_in_every_test(run):
-    for student in ("empty_dir", "01_attention", "png_as_notebook", "corrupt_json"):
+    for student in ("empty_dir", "png_as_notebook", "corrupt_json"):
         message = CASES[student][1]
         result = run["results"][student]
         assert all(message in t["output"] for t in result["tests"]), student
+        assert not any("not run" in t["output"] for t in result["tests"]), student  # no case ran: no list
+    # a text file is no stage's file: said once, at the top; each test is "not submitted"
+    result = run["results"]["01_attention"]
+    assert result["output"].startswith(f"no stage file was handed in: {CASES['01_attention'][1]}")
+    assert all("not submitted: no 01_attention.ipynb" in t["output"] for t in result["tests"])
 
 
 def test_missing_stage_file_is_reported_at_the_top(run):

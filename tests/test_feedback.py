@@ -3,10 +3,12 @@ and a look at the page in headless Chromium."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import html
 import importlib.util
 import re
+import struct
 
 import numpy as np
 import pytest
@@ -68,6 +70,11 @@ def graded(keeper, tmp_path_factory) -> dict[str, tuple]:
     return out
 
 
+def _unquoted(text: str) -> str:
+    """Our text as the page shows it: what it quotes in backticks is code, not backticks."""
+    return re.sub(r"`([^`\n]+)`", r"\1", text)
+
+
 def _visible(page: str) -> str:
     """The page's text as a reader sees it: tags and data URIs dropped, entities decoded."""
     page = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", page)
@@ -89,14 +96,16 @@ def test_page_holds_every_message_and_the_named_mistakes_hint(graded, student):
         assert t.output.partition("\n")[0] in text  # "0/3 cases passed; 0/2 points."
         for c in t.cases:
             assert c.label in text
-            assert c.message in text, (t.name, c.label)  # the message; its hint sits in a callout
+            assert _unquoted(c.message) in text, (t.name, c.label)  # the message; its hint sits in a callout
+    assert "`" not in text  # `out` is code on the page, not a word in backticks
+    assert "<code>out</code>" in page or "<code>weights</code>" in page
     (mistake,) = result.misconceptions
-    assert mistake in text and hints[mistake] in text
+    assert mistake in text and _unquoted(hints[mistake]) in text
     # the hint sits in a callout on each test it explains
     callouts = re.findall(r'<div class="callout hint">(.*?)</div>', page, re.S)
     losing = [t for t in result.stages[0].tests if mistake in t.misconceptions]
     assert len(callouts) == len(losing) > 0
-    assert all(html.escape(hints[mistake]) in c for c in callouts)
+    assert all(_unquoted(hints[mistake]) in _visible(c) for c in callouts)
 
 
 @pytest.mark.parametrize("student", ["bob_missing_scale", "hana_weights_transposed"])
@@ -106,9 +115,29 @@ def test_one_picture_per_failing_tensor_case_of_a_public_test(graded, student):
     assert failing and all(c.arrays for c in failing)  # attention: every wrong output is a matrix
     public = [c for t in result.stages[0].tests if not t.hidden for c in t.cases if not c.passed]
     assert 0 < len(public) < len(failing)  # hidden cases' expected values are never pictured
-    images = re.findall(r'<img src="(data:image/png;base64,[^"]+)"', page)
-    assert len(images) == len(public)
-    assert all(len(src) > 2000 for src in images)  # real PNGs, not placeholders
+    figures = re.findall(r'<figure class="picture">(.*?)</figure>', page, re.S)
+    assert len(figures) == len(public)
+    for c, figure in zip(public, figures, strict=True):
+        rows = figure.split('<div class="heatrow">')[1:]  # one per wrong output
+        assert len(rows) == len(c.arrays)
+        for a, row in zip(c.arrays, rows, strict=True):
+            assert "yours: " + a.output in row and "expected: " + a.output in row
+            if a.got.size <= feedback.NUMBERS_UP_TO:  # the values themselves, in coloured cells
+                cells = re.findall(
+                    r'<td style="background:#[0-9a-f]{6};color:#(?:000|fff)">([^<]*)</td>', row
+                )
+                values = [*a.got.ravel(), *a.expected.ravel()]
+                shown = [f"{v:.2g}" if np.isfinite(v) else "—" for v in values]  # NaN: a dash, grey
+                assert cells[: len(shown)] == shown, c.label
+            else:  # an image of the values: a real PNG, one block of pixels per value
+                src, w, h = re.findall(r'<img class="heat" src="([^"]+)" width="(\d+)" height="(\d+)"', row)[
+                    0
+                ]
+                png = base64.b64decode(src.removeprefix("data:image/png;base64,"))
+                assert png[:8] == b"\x89PNG\r\n\x1a\n"
+                assert struct.unpack(">II", png[16:24]) == (int(w), int(h))
+                block = int(w) // a.got.shape[1]
+                assert block >= 1 and (int(w), int(h)) == (a.got.shape[1] * block, a.got.shape[0] * block)
     assert '<div class="callout hint">' in page and "<script" not in page.lower()
 
 
@@ -191,7 +220,7 @@ def test_feedback_command_writes_one_page_per_student(tmp_path):
     assert res.exit_code == 0, res.output
     page = tmp_path / "hana_weights_transposed" / "feedback.html"
     text = page.read_text(encoding="utf-8")
-    assert "weights-transposed" in text and text.count("<img ") >= 1
+    assert "weights-transposed" in text and text.count('<figure class="picture">') >= 1
     assert f"8 / {max_score():g}" in text  # the example class's promised score for hana
     bad = CliRunner().invoke(app, ["feedback", str(tmp_path / "nobody"), "--out", str(tmp_path)])
     assert bad.exit_code == 2
@@ -224,3 +253,23 @@ def test_page_in_headless_chromium_is_not_blank(graded, tmp_path):
     assert pixels.std() > 0.05
     # the header's red/amber/green badges and a heatmap's viridis colours are on screen
     assert (np.abs(pixels - np.array([0x9A, 0x67, 0x00]) / 255).sum(-1) < 0.05).any()  # "8 / 17"
+
+
+def test_code_spans_in_hostile_student_text_never_become_markup():
+    """Our texts quote code in backticks, shown as <code>; a student's text may hold
+    backticks too, around markup meant to escape the span: it stays text."""
+    from autograder.runtime.results import StageResult, SubmissionResult, TestResult
+
+    hostile = "`</code><script>alert(1)</script>` and `<img src=x onerror=alert(2)>` ``&lt;b&gt;`` <b>`"
+    case = CaseResult("`<i>label`", False, f"`softmax` raised ValueError: {hostile}", ["m"], {"m": hostile})
+    test = TestResult(STAGE, "softmax", "g", "1.1", 1.0, 0.0, False, [case], ["m"], headline=hostile)
+    stage = StageResult(STAGE, "f.py", [test], [f"code cell 2 (`{hostile}`) raised"], stdout=hostile)
+    page = feedback.render_html(SubmissionResult("`<b>eve`", [stage], notes=[hostile]))
+    ours = {"html", "head", "meta", "title", "style", "body", "main", "header", "h1", "h2", "h3", "div"}
+    ours |= {"span", "table", "tr", "th", "td", "p", "a", "section", "article", "pre", "code", "ol", "li"}
+    ours |= {"ul", "strong", "details", "summary"}
+    assert set(re.findall(r"<([a-zA-Z][\w-]*)", page)) <= ours  # no <script>, <img>, <b> or <i>
+    assert "&lt;/code&gt;&lt;script&gt;" in page and "&lt;img src=x onerror=alert(2)&gt;" in page
+    assert "<code>softmax</code> raised ValueError" in page  # our own `softmax` is code
+    assert all("<" not in inner for inner in re.findall(r"<code>(.*?)</code>", page, re.S))
+    assert "&amp;lt;b&amp;gt;" in page  # an entity the student typed is shown as typed

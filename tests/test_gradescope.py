@@ -119,6 +119,14 @@ def runs(tmp_path_factory):
     return done
 
 
+def _plain(entry: dict) -> str:
+    """A test's output as plain text: Markdown's escapes and hard line breaks undone."""
+    if entry.get("output_format") != "md":
+        return entry["output"]
+    text = entry["output"].replace("  \n", "\n").replace("\u00a0", " ")
+    return re.sub(r"\\(.)", r"\1", text)
+
+
 def _tests(results: dict) -> dict[str, dict]:
     return {t["name"]: t for t in results["tests"]}
 
@@ -147,8 +155,11 @@ def test_wrong_submission_names_the_mistake_without_showing_hidden_cases(runs):
     public = [t for t in failed if "public" in t["tags"]]
     assert hidden and public
     for t in hidden:  # score, counts and the named mistake; no case labels, errors or values
-        assert "hidden cases passed" in t["output"] and "likely mistake [scale-by-d]" in t["output"]
-        assert "✗" not in t["output"] and "max abs error" not in t["output"], t["output"]
+        assert t["output_format"] == "md"  # its note quotes `function`: shown as code
+        assert "hidden cases passed" in _plain(t) and "likely mistake [scale-by-d]" in _plain(t)
+        # (its counterexample, a public input's, may say what differs there)
+        redacted = _plain(t).split("Smallest input found on which", 1)[0]
+        assert "✗" not in redacted and "max abs error" not in redacted, t["output"]
     assert any("✗" in t["output"] for t in public)  # public cases: in full, as in the self-check
     # the instructor sees each hidden case's message in the (hidden) stdout
     for t in hidden:
@@ -161,7 +172,11 @@ def test_empty_submission_scores_zero_with_every_test(runs):
     assert runs["empty"]["rc"] == 0
     assert_gradescope_results(data)
     assert data["score"] == 0
-    assert "no file" in data["output"]
+    assert data["output"].startswith(
+        f"no stage file found in the submission (it is empty); expected {STAGE}.ipynb"
+    )
+    assert all(t["output"].endswith(f"not submitted: no {STAGE}.ipynb or {STAGE}.py in the submission; it scores 0")
+               for t in data["tests"])  # fmt: skip
 
 
 def test_hostile_submission_cannot_plant_its_grade(runs):

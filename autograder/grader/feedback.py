@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,6 +43,7 @@ from autograder.runtime.results import (
     SubmissionResult,
     TestResult,
     counterexample_text,
+    points,
 )
 
 if TYPE_CHECKING:  # numpy loads when a picture is drawn, not with the CLI
@@ -57,37 +58,108 @@ def _t(text: str, limit: int = 4000) -> str:
     return html.escape(escape(str(text), limit), quote=True)
 
 
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def _md(text: str, limit: int = 4000) -> str:
+    """A message, note or hint (which quote code in backticks, and may quote the student's
+    text) as HTML: ``_t`` first, so everything is escaped, then each `span` becomes a
+    <code> element around that escaped text. A student's backticks make code spans too,
+    but nothing they hold can become markup."""
+    return _CODE_SPAN.sub(r"<code>\1</code>", _t(text, limit))
+
+
 # -- pictures -------------------------------------------------------------------------------
+#
+# Drawn as HTML and small PNGs built here (numpy and zlib), not with matplotlib: a figure of
+# three heatmaps took 0.4 s, and a student with 19 wrong tensors waited longer for the
+# pictures than for the grading (benchmarks/bench_feedback.py). Small matrices are tables
+# whose cells show the numbers; larger ones are images, one pixel block per value.
+
+# 9 samples of matplotlib's viridis (values) and reversed magma (errors), interpolated
+_VIRIDIS = (
+    (68, 1, 84), (71, 45, 123), (59, 82, 139), (44, 114, 142), (33, 145, 140),
+    (40, 174, 128), (94, 201, 98), (173, 220, 48), (253, 231, 37),
+)  # fmt: skip
+_MAGMA_R = (
+    (252, 253, 191), (254, 194, 135), (251, 135, 97), (229, 80, 100), (181, 54, 122),
+    (129, 37, 129), (79, 18, 123), (28, 16, 68), (0, 0, 4),
+)  # fmt: skip
+GREY = (208, 208, 208)  # not graded, NaN or inf
+NUMBERS_UP_TO = 64  # a matrix of at most this many values shows them, as a table
+IMAGE_PX = 384  # the longer side of a larger matrix's image, at most
 
 
-def _panel(ax, values: np.ndarray, title: str, cmap, vmin: float, vmax: float, r0: int, c0: int):
+def _colours(values: np.ndarray, lo: float, hi: float, stops: tuple) -> np.ndarray:
+    """(rows, cols, 3) uint8: ``values`` on the colour map ``stops`` from ``lo`` to ``hi``."""
+    import numpy as np
+
+    table = np.asarray(stops, dtype=np.float64)
+    finite = np.isfinite(values)
+    x = np.clip((np.where(finite, values, lo) - lo) / ((hi - lo) or 1.0), 0.0, 1.0) * (len(table) - 1)
+    i = np.minimum(x.astype(int), len(table) - 2)
+    f = (x - i)[..., None]
+    rgb = table[i] * (1 - f) + table[i + 1] * f
+    rgb[~finite] = GREY
+    return np.rint(rgb).astype(np.uint8)
+
+
+def _png(rgb: np.ndarray) -> str:
+    """A data URI of the PNG of ``rgb`` ((h, w, 3) uint8)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    h, w, _ = rgb.shape
+    raw = b"".join(b"\0" + rgb[y].tobytes() for y in range(h))  # filter 0 per row
+    png = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw, 6))
+        + chunk(b"IEND", b"")
+    )
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _hex(rgb) -> str:
+    return "#" + "".join(f"{int(c):02x}" for c in rgb)
+
+
+def _grid(values: np.ndarray, lo: float, hi: float, stops: tuple, r0: int, c0: int, what: str) -> str:
+    """One heatmap: a table of numbers when small, else an image (its rows and columns are
+    in the caption)."""
     import numpy as np
 
     rows, cols = values.shape
-    extent = (c0 - 0.5, c0 + cols - 0.5, r0 + rows - 0.5, r0 - 0.5)
-    image = ax.imshow(
-        np.ma.masked_invalid(values),
-        cmap=cmap,
-        vmin=vmin,
-        vmax=vmax,
-        extent=extent,
-        # square cells, so a transposed matrix looks transposed; long strips fill the panel
-        aspect="equal" if max(rows, cols) <= 4 * min(rows, cols) else "auto",
-        interpolation="nearest",
-    )
-    ax.set_title(title, fontsize=10)
-    ax.tick_params(labelsize=7)
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.yaxis.get_major_locator().set_params(integer=True)
-    if rows * cols <= 64:  # small enough to read the numbers themselves
+    rgb = _colours(values, lo, hi, stops)
+    if rows * cols <= NUMBERS_UP_TO:
+        head = "".join(f"<th>{c0 + j}</th>" for j in range(cols))
+        body = []
         for i in range(rows):
+            cells = []
             for j in range(cols):
-                v = values[i, j]
-                text = "—" if not np.isfinite(v) else f"{v:.2g}"
-                r, g, b, _ = image.cmap(image.norm(v)) if np.isfinite(v) else image.cmap.get_bad()
-                color = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
-                ax.text(c0 + j, r0 + i, text, ha="center", va="center", fontsize=6.5, color=color)
-    return image
+                v, colour = values[i, j], rgb[i, j]
+                ink = "#000" if 0.299 * colour[0] + 0.587 * colour[1] + 0.114 * colour[2] > 127 else "#fff"
+                text = f"{v:.2g}" if np.isfinite(v) else "—"
+                cells.append(f'<td style="background:{_hex(colour)};color:{ink}">{html.escape(text)}</td>')
+            body.append(f"<tr><th>{r0 + i}</th>{''.join(cells)}</tr>")
+        return f'<table class="heat"><tr><th></th>{head}</tr>{"".join(body)}</table>'
+    block = max(1, IMAGE_PX // max(rows, cols))
+    image = np.repeat(np.repeat(rgb, block, axis=0), block, axis=1)
+    return (
+        f'<img class="heat" src="{_png(image)}" width="{cols * block}" height="{rows * block}" '
+        f'alt="{_t(what, 300)}">'
+    )
+
+
+def _scale(lo: float, hi: float, stops: tuple, label: str) -> str:
+    gradient = ", ".join(_hex(c) for c in stops)
+    return (
+        f'<span class="scale">{_t(label)}: {lo:.3g} <span class="bar" '
+        f'style="background:linear-gradient(to right, {gradient})"></span> {hi:.3g}</span>'
+    )
 
 
 def _limits(*arrays: np.ndarray) -> tuple[float, float]:
@@ -100,27 +172,25 @@ def _limits(*arrays: np.ndarray) -> tuple[float, float]:
     return (lo, hi) if hi > lo else (lo - 0.5, hi + 0.5)
 
 
-def draw(arrays: tuple[KeptArrays, ...] | list[KeptArrays], dpi: int = 90) -> str:
-    """One PNG (a data URI) for one case: per wrong output a row of three heatmaps."""
+def draw(arrays: tuple[KeptArrays, ...] | list[KeptArrays]) -> str:
+    """The picture of one case, as HTML: per wrong output a row of three heatmaps (yours,
+    expected, the error) and their colour scales. Every text in it is escaped."""
     import numpy as np
-    from matplotlib import colormaps
-    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
 
-    rows = len(arrays)
-    heights = [min(max(a.expected.shape[0] / max(a.expected.shape[1], 1), 0.2), 1.0) for a in arrays]
-    fig = Figure(figsize=(10.5, 0.9 + sum(0.6 + 2.6 * h for h in heights)), dpi=dpi, layout="constrained")
-    grid = fig.add_gridspec(rows, 3, height_ratios=[0.6 + 2.6 * h for h in heights])
-    values_map = colormaps["viridis"].with_extremes(bad="#d0d0d0")
-    error_map = colormaps["magma_r"].with_extremes(bad="#d0d0d0")
-    for row, a in enumerate(arrays):
+    rows = []
+    for a in arrays:
         got, expected = a.got.astype(np.float64), a.expected.astype(np.float64)
         lo, hi = _limits(got, expected)
-        axes = [fig.add_subplot(grid[row, col]) for col in range(3)]
         bad = int((~np.isfinite(got)).sum())
         yours = f"yours: {a.output}" + (f" ({bad} NaN/inf, grey)" if bad else "")
-        image = _panel(axes[0], got, yours, values_map, lo, hi, a.row0, a.col0)
-        _panel(axes[1], expected, f"expected: {a.output}", values_map, lo, hi, a.row0, a.col0)
-        fig.colorbar(image, ax=axes[:2], shrink=0.9, pad=0.01)
+        panels = [
+            (yours, _grid(got, lo, hi, _VIRIDIS, a.row0, a.col0, yours)),
+            (
+                f"expected: {a.output}",
+                _grid(expected, lo, hi, _VIRIDIS, a.row0, a.col0, f"expected {a.output}"),
+            ),
+        ]
+        scales = [_scale(lo, hi, _VIRIDIS, "values")]
         if got.shape == expected.shape:
             error = np.abs(got - expected)
             error[~np.isfinite(got) & a.graded] = np.inf  # NaN/inf where a number belongs
@@ -129,30 +199,24 @@ def draw(arrays: tuple[KeptArrays, ...] | list[KeptArrays], dpi: int = 90) -> st
             error = np.where(np.isinf(error), top, error)
             error[~a.graded] = np.nan  # not graded: grey
             title = "|yours − expected|" + ("" if a.graded.all() else " (grey: not graded)")
-            image = _panel(axes[2], error, title, error_map, 0.0, top or 1.0, a.row0, a.col0)
-            fig.colorbar(image, ax=axes[2], shrink=0.9, pad=0.01)
+            panels.append((title, _grid(error, 0.0, top or 1.0, _MAGMA_R, a.row0, a.col0, "the error")))
+            scales.append(_scale(0.0, top or 1.0, _MAGMA_R, "error"))
         else:
-            axes[2].axis("off")
-            axes[2].text(
-                0.5,
-                0.5,
-                f"shapes differ:\nyours {got.shape[0]}×{got.shape[1]},\nexpected "
-                f"{expected.shape[0]}×{expected.shape[1]}",
-                ha="center",
-                va="center",
-                fontsize=11,
-                transform=axes[2].transAxes,
+            differ = (
+                f"shapes differ: yours {got.shape[0]}×{got.shape[1]}, "
+                f"expected {expected.shape[0]}×{expected.shape[1]}"
             )
-        axes[0].set_ylabel(a.where if len(a.where) <= 40 else a.output, fontsize=8)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+            panels.append(("", f'<p class="differ">{_t(differ)}</p>'))
+        cells = "".join(f'<div class="panel"><div class="ttl">{_t(t)}</div>{g}</div>' for t, g in panels)
+        where = f'<div class="scales">{_t(a.where, 600)}: {" ".join(scales)}</div>'
+        rows.append(f'<div class="heatrow">{cells}</div>{where}')
+    return "".join(rows)
 
 
 def draw_pictures(result: SubmissionResult, hidden: bool = False) -> dict[CaseKey, str]:
-    """A picture for every failing case that kept arrays (``Grader(keep_arrays=True)``).
-    Cases of hidden tests get none unless ``hidden``: a picture shows expected values, and
-    hidden cases stay hidden (as in the Gradescope results)."""
+    """A picture (``draw``) for every failing case that kept arrays
+    (``Grader(keep_arrays=True)``). Cases of hidden tests get none unless ``hidden``: a
+    picture shows expected values, and hidden cases stay hidden (as in the Gradescope results)."""
     pictures = {}
     for stage in result.stages:
         for t in stage.tests:
@@ -202,9 +266,18 @@ pre { white-space: pre-wrap; overflow-wrap: anywhere; margin: 4px 0 4px 1.4em;
       background: #f6f8fa; border: 1px solid var(--line); border-radius: 6px; padding: 6px 10px; }
 code { font: 13px ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
 figure { margin: 6px 0 10px 1.4em; }
-figure img { max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px;
-             background: #fff; }
 figcaption { font-size: 13px; color: var(--muted); }
+.heatrow { display: flex; flex-wrap: wrap; gap: 14px; align-items: flex-start; }
+.panel .ttl { font-size: 13px; margin-bottom: 2px; }
+img.heat { image-rendering: pixelated; max-width: 100%; height: auto; border: 1px solid var(--line); }
+table.heat { border-collapse: collapse; font: 11px ui-monospace, Menlo, Consolas, monospace; }
+table.heat td { min-width: 3.2em; padding: 2px 4px; text-align: center; }
+table.heat th { color: var(--muted); font-weight: normal; padding: 0 4px; }
+.scales { font-size: 12px; color: var(--muted); margin: 4px 0; }
+.scale { margin-right: 16px; white-space: nowrap; }
+.scale .bar { display: inline-block; width: 90px; height: 9px; vertical-align: middle; border-radius: 2px; }
+.differ { width: 14em; font-size: 13px; }
+pre code, p code, li code, .callout code { background: #eaeef2; border-radius: 4px; padding: 0 3px; }
 details > summary { cursor: pointer; color: var(--muted); }
 a { color: #0969da; }
 """
@@ -216,7 +289,7 @@ CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
 def _badge(score: float, max_score: float) -> str:
     kind = "pass" if score >= max_score else ("partial" if score > 0 else "fail")
-    return f'<span class="badge {kind}">{score:g} / {max_score:g}</span>'
+    return f'<span class="badge {kind}">{points(score)} / {points(max_score)}</span>'
 
 
 def _anchor(stage: str) -> str:
@@ -230,17 +303,14 @@ def _case(
     out = [
         f'<li class="{state}"><span class="mark">{"✓" if c.passed else "✗"}</span>'
         f"<code>{_t(c.label, 300)}</code>",
-        f'<pre class="msg">{_t(c.message)}</pre>',
+        f'<pre class="msg">{_md(c.message)}</pre>',
     ]
     picture = pictures.get((stage, t.number, c.label))
-    if picture is not None:
-        where = "; ".join(a.where for a in c.arrays) or "your output"
-        alt = f"heatmaps of your values, the expected values and the error for {c.label}"
+    if picture is not None:  # HTML from ``draw``, its texts escaped there
         figure = (
-            f'<figure><img src="{html.escape(picture, quote=True)}" alt="{_t(alt, 300)}">'
-            f"<figcaption>Shown: {_t(where, 600)}, the matrix with the largest error. "
-            "Yours and expected share one colour scale; grey: not graded, or NaN/inf."
-            "</figcaption></figure>"
+            f'<figure class="picture">{picture}'
+            "<figcaption>Shown: the matrix with the largest error. Yours and expected share one "
+            "colour scale; grey: not graded, or NaN/inf.</figcaption></figure>"
         )
         out.append(f"<details><summary>picture</summary>{figure}</details>" if folded else figure)
     out.append("</li>")
@@ -261,13 +331,13 @@ def _test(stage: str, t: TestResult, pictures: Mapping[CaseKey, str]) -> str:
     # test, its named mistakes and where to see its cases' messages)
     extra = "\n".join([*t.remarks, *t.summary_notes])
     if extra:
-        parts.append(f'<div class="callout problem"><pre>{_t(extra)}</pre></div>')
+        parts.append(f'<div class="callout problem"><pre>{_md(extra)}</pre></div>')
     hints = t.hints
     for mid in t.misconceptions:
         hint = hints.get(mid, "")
         parts.append(
             f'<div class="callout hint"><strong>Likely mistake: {_t(mid, 200)}</strong>'
-            f"<p>{_t(hint, 2000)}</p></div>"
+            f"<p>{_md(hint, 2000)}</p></div>"
         )
     # Open: the first failing case's picture and any of another shape (a transposed matrix
     # shows itself); the rest fold, so the page stays readable.
@@ -282,14 +352,18 @@ def _test(stage: str, t: TestResult, pictures: Mapping[CaseKey, str]) -> str:
         )
         for c in t.cases
     )
-    if t.passed:
+    # no case ran: the remark above says why, and a list of them would only repeat it
+    if t.ran and t.passed:
         parts.append(
             f'<details><summary>{len(t.cases)} case(s)</summary><ol class="cases">{cases}</ol></details>'
         )
-    else:
+    elif t.ran:
         parts.append(f'<ol class="cases">{cases}</ol>')
     if t.counterexample is not None:  # public data only, so a hidden test shows it too
-        found = _t(counterexample_text(t.counterexample), 16000)
+        # our lines quote names in backticks (code, as elsewhere); its indented lines are
+        # Python to paste, shown exactly as they are
+        text = escape(counterexample_text(t.counterexample), 16000)
+        found = "\n".join(_t(x) if x.startswith("    ") else _md(x) for x in text.split("\n"))
         parts.append(f'<div class="callout hint counterexample"><pre>{found}</pre></div>')
     parts.append("</article>")
     return "\n".join(parts)
@@ -303,7 +377,7 @@ def _stage(s: StageResult, pictures: Mapping[CaseKey, str]) -> str:
         f'<span class="muted">{file}</span></div>',
     ]
     if s.notes:
-        items = "".join(f"<li>{_t(n, 1000)}</li>" for n in s.notes)
+        items = "".join(f"<li>{_md(n, 1000)}</li>" for n in s.notes)
         parts.append(f'<div class="callout note"><strong>Notes</strong><ul>{items}</ul></div>')
     if s.stdout.strip():
         lines = s.stdout.count("\n") + 1
@@ -358,6 +432,7 @@ def render_html(
 <h1>Feedback for {student}</h1>
 <div class="stage-head">{_badge(result.score, result.max_score)}
 <span class="muted">{pct:.0f}% of the points</span></div>
+{"".join(f'<div class="callout problem">{_md(n, 2000)}</div>' for n in result.notes)}
 {f"<p>Named mistakes: {mistakes}. Each failing test below says what to try.</p>" if mistakes else ""}
 <table class="summary"><tr><th>stage</th><th>score</th><th>tests</th></tr>{rows}</table>
 </header>
@@ -418,4 +493,6 @@ def command(
         for sub in submissions:
             r = grader.grade(sub, Submission(sub).stages(stage_ids(), stage), workers=default_workers())
             page = write_html(r, out / safe_name(r.student) / "feedback.html", show_hidden=show_hidden)
-            console.print(f"{escape(r.student, 80)}: {r.score:g} / {r.max_score:g} → {page}", markup=False)
+            console.print(
+                f"{escape(r.student, 80)}: {points(r.score)} / {points(r.max_score)} → {page}", markup=False
+            )

@@ -31,7 +31,7 @@ from autograder.grader.runner import (
 from autograder.grader.score import cell_notes, lost_names, score_stage
 from autograder.runtime.load import LoadError, load_source
 from autograder.runtime.parts import Cells
-from autograder.runtime.results import StageResult, SubmissionResult
+from autograder.runtime.results import StageResult, SubmissionResult, points
 from autograder.runtime.submission import Submission
 from autograder.sandbox.forkserver import DRIVER_PREFIX
 from autograder.stages import load_spec, requires
@@ -155,7 +155,7 @@ class Grader:
                 None,
                 None,
                 [],
-                failure=(f"no {stage}.ipynb or {stage}.py in the submission: this stage scores 0"),
+                failure=f"not submitted: no {stage}.ipynb or {stage}.py in the submission; it scores 0",
             )
         shown = path.name if submission.is_dir() else submission.name
         try:
@@ -240,24 +240,29 @@ class Grader:
         if self.counterexamples is not None:
             self.counterexamples.attach(submission, results)
         self._blame_earlier_stages(submission, results)
-        name = student or Submission(submission).name
-        return SubmissionResult(name, results, time.monotonic() - t0)
+        handed_in = Submission(submission)
+        name = student or handed_in.name
+        nothing = handed_in.nothing_found(stages)
+        return SubmissionResult(name, results, time.monotonic() - t0, notes=[nothing] if nothing else [])
 
     def _blame_earlier_stages(self, submission: Path, results: list[StageResult]) -> None:
         """A stage that runs the student's earlier stages and loses points says which of
         those lose points too: their mistakes may be what fails here. An earlier stage not
         asked for is graded for this purpose only (failing submissions pay for it)."""
         by_stage = {r.stage: r for r in results}
+        handed_in = Submission(submission)
         for r in results:
             if r.score >= r.max_score:
                 continue
             failing = []
             for dep in sorted(requires(r.stage)):
+                if not _runs_own(handed_in, r.stage, dep):
+                    continue  # it ran no file of the student's for dep: nothing there to fix
                 if dep not in by_stage:
                     by_stage[dep] = self.grade_stage(submission, dep)
                 d = by_stage[dep]
                 if d.file is not None and d.score < d.max_score:
-                    failing.append(f"{dep} ({d.score:g}/{d.max_score:g})")
+                    failing.append(f"{dep} ({points(d.score)}/{points(d.max_score)})")
             if failing:
                 note = (
                     f"{r.stage} runs your own {', '.join(failing)}, which also lose"
@@ -268,6 +273,16 @@ class Grader:
                 for t in r.tests:
                     if t.score < t.max_score:
                         t.blame.append(note)
+
+
+def _runs_own(handed_in: Submission, stage: str, dep: str) -> bool:
+    """Whether grading ``stage`` ran the student's own file of ``dep`` (as ``Grader._parts``
+    finds it): a single file handed in is no earlier stage's, and a missing one is none."""
+    try:
+        graded = handed_in.file(stage)
+        return graded is not None and handed_in.earlier(dep, graded, of=stage) is not None
+    except LoadError:
+        return False
 
 
 def _driver_extras(spec: StageSpec) -> set[str]:

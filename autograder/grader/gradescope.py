@@ -246,7 +246,7 @@ def student_view(result: SubmissionResult) -> dict[str, Any]:
     from autograder.grader.report import to_gradescope
     from autograder.grader.visibility import for_students
 
-    data = to_gradescope(for_students(result))
+    data = to_gradescope(for_students(result), markdown=True)  # code in backticks shows as code
     flat = [t for s in result.stages for t in s.tests]
     for entry, t in zip(data["tests"], flat, strict=True):
         entry["visibility"] = "visible"

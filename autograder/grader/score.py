@@ -128,6 +128,7 @@ def score_stage(
                     cases=results,
                     misconceptions=mistakes,
                     headline=failure or forbidden.get(graded.name),
+                    ran=failure is None and outcomes is not None,
                 )
             )
     return StageResult(spec.id, file, tests, notes, stdout, list(private_notes or ()), private_stdout)

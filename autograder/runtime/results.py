@@ -40,6 +40,14 @@ class KeptArrays:
 
 
 HINT_LINE = "\n    likely mistake [{id}]: {hint}"  # how a named mistake follows a case's message
+CASE_MISTAKE = "\n    likely mistake [{id}]"  # ... in a test's text, whose hints follow its cases once
+
+
+def points(value: float) -> str:
+    """A score as text: at most 2 decimals (29.33, not 29.3333); the data keeps every digit."""
+    return f"{round(value, 2):g}"
+
+
 HIDDEN_NOTE = (
     "The inputs, errors and messages of hidden cases are not shown. Run the self-check of "
     "`{function}` in your notebook: its public cases show each message in full."
@@ -130,6 +138,7 @@ class TestResult:
     # a forbidden call), then which earlier stages it runs lose points too (fix those first).
     headline: str | None = None
     blame: list[str] = field(default_factory=list)
+    ran: bool = True  # False: no case ran (a missing or unreadable file: the headline says why)
     # What a student may see of a hidden test (``visibility.for_students``): its cases are
     # placeholders ("hidden case 1": passed or failed, the trusted hints), its text a summary.
     redacted: bool = False
@@ -149,15 +158,18 @@ class TestResult:
     @property
     def summary(self) -> str:
         """Its first line: "2/3 cases passed; 6/9 points."."""
+        scored = f"{points(self.score)}/{points(self.max_score)} points."
+        if not self.ran:
+            return f"no case ran; {scored}"
         passed = sum(c.passed for c in self.cases)
         cases = "hidden cases" if self.redacted else "cases"
-        return f"{passed}/{len(self.cases)} {cases} passed; {self.score:g}/{self.max_score:g} points."
+        return f"{passed}/{len(self.cases)} {cases} passed; {scored}"
 
     @property
     def summary_notes(self) -> list[str]:
         """What a redacted test says beyond its summary and remarks: the named mistakes with
         their hints and how to see the cases' messages (nothing when it passes)."""
-        if not self.redacted or self.passed:
+        if not self.redacted or self.passed or not self.ran:
             return []
         hints = self.hints
         lines = [f"likely mistake [{m}]: {hints.get(m, '')}" for m in self.misconceptions]
@@ -171,10 +183,24 @@ class TestResult:
         found = [counterexample_text(self.counterexample)] if self.counterexample else []
         if self.redacted:
             return "\n".join([self.summary, *self.remarks, *self.summary_notes, *found])
-        cases = [f"{'✓' if c.passed else '✗'} {c.label}: {c.text}" for c in self.cases]
+        cases = self.case_lines
         return "\n".join(
             [self.summary, *([self.headline] if self.headline else []), *cases, *self.blame, *found]
         )
+
+    @property
+    def case_lines(self) -> list[str]:
+        """A line per case naming its mistakes by id, then each named mistake's hint once, not
+        once per failing case; none when no case ran (the headline says why)."""
+        if not self.ran:
+            return []
+        lines = [
+            f"{'✓' if c.passed else '✗'} {c.label}: {c.message}"
+            + "".join(CASE_MISTAKE.format(id=m) for m in c.misconceptions)
+            for c in self.cases
+        ]
+        hints = self.hints
+        return lines + [f"likely mistake [{m}]: {hints.get(m, '')}" for m in self.misconceptions]
 
     @property
     def name(self) -> str:
@@ -212,6 +238,9 @@ class SubmissionResult:
     student: str
     stages: list[StageResult]
     execution_time: float = 0.0
+    # What is said once of the whole submission, above every stage: that it holds no stage
+    # file at all, and which names were expected (``Submission.nothing_found``).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def score(self) -> float:

@@ -23,6 +23,9 @@ from autograder.runtime.load import MAX_FILE_BYTES, LoadError
 UPLOAD_DEPTH = 4  # how deep a zipped upload may hide its folder of stage files
 
 
+SUFFIXES = (".ipynb", ".py")  # what a stage file may be
+
+
 def _names(stage: str) -> tuple[str, str]:
     return f"{stage}.ipynb", f"{stage}.py"
 
@@ -45,8 +48,12 @@ class Submission:
         """``stage``'s file: the submission itself if it is a file, else the stage's file in
         the folder or in its ``stage/`` sub-folder; None when there is none. A stage folder
         that is a link raises ``LoadError`` (a file that is one is refused when read)."""
-        if self.path.is_file() or self.path.is_symlink():
+        if self.path.is_symlink():
             return self.path
+        if self.path.is_file():
+            # a single file is graded as whichever stage is asked for; one that is neither a
+            # notebook nor Python is no stage's file (``nothing_found`` says so, once)
+            return self.path if self.path.suffix in SUFFIXES else None
         for where in (self.path, self.path / stage):
             for name in _names(stage):
                 candidate = where / name
@@ -63,6 +70,33 @@ class Submission:
             return self.file(stage) is not None
         except LoadError:
             return True
+
+    def nothing_found(self, stages: Sequence[str]) -> str | None:
+        """What to say, once, when it holds no file of any of ``stages``: what it holds
+        instead and which names were expected. None when it holds one."""
+        if any(self.holds(s) for s in stages):
+            return None
+        if len(stages) == 1:
+            expected = f"expected {stages[0]}.ipynb or {stages[0]}.py"
+        else:
+            expected = (
+                f"expected one of {', '.join(f'{s}.ipynb' for s in stages)} (or the same names ending in .py)"
+            )
+        if self.path.is_file():
+            return (
+                f"no stage file was handed in: {self.path.name} is neither a notebook (.ipynb) nor a "
+                f"Python file (.py); {expected}. Every stage scores 0."
+            )
+        try:
+            shown = sorted(p.name + "/" * p.is_dir() for p in self.path.iterdir() if p.name[:1] != ".")
+        except OSError:
+            shown = []
+        holds = ", ".join(shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5 else "")
+        return (
+            f"no stage file found in the submission ({f'it holds {holds}' if shown else 'it is empty'}); "
+            f"{expected}, in the folder itself or each in its own stage folder "
+            f"({stages[0]}/{stages[0]}.ipynb). Every stage scores 0."
+        )
 
     def stages(self, known: Sequence[str], asked: Sequence[str] | None = None) -> list[str]:
         """The stages to grade: those asked for, else those it holds (one holding none is
