@@ -38,6 +38,7 @@ import os
 import sqlite3
 import statistics
 import sys
+import threading
 import time
 import traceback
 from collections import Counter
@@ -45,6 +46,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from autograder.runtime.results import points as shown
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS grades (
@@ -397,11 +400,67 @@ def _cell(text: str) -> str:
 # -- workers --------------------------------------------------------------------------------
 
 
-def _grade_student(grader: Any, units: list[Unit]) -> list[tuple[Unit, dict[str, Any]]]:
+def _grade_student(
+    grader: Any, units: list[Unit], in_flight: InFlight | None = None
+) -> list[tuple[Unit, dict[str, Any]]]:
     """One student's stages in one go: a stage that runs an earlier one reuses that stage's
     grade to say whether it fails too, instead of grading it again."""
-    r = grader.grade(units[0].submission, [u.stage for u in units], student=units[0].student)
+    student = units[0].student
+    if in_flight is not None:
+        in_flight.start(student, [u.stage for u in units])
+    try:
+        r = grader.grade(units[0].submission, [u.stage for u in units], student=student)
+    finally:
+        if in_flight is not None:
+            in_flight.finish(student)
     return [(u, _row(stage)) for u, stage in zip(units, r.stages, strict=True)]
+
+
+class InFlight:
+    """The students being graded now, and since when: the workers write it as they start and
+    finish a student, the progress display reads it. A student whose code hangs holds a
+    worker until its limits stop it; this is how the instructor sees who."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self.clock = clock
+        self._since: dict[str, tuple[float, tuple[str, ...]]] = {}
+        self._said: dict[str, float] = {}  # student -> the time in flight last reported (``overdue``)
+        self._lock = threading.Lock()
+
+    def start(self, student: str, stages: Sequence[str]) -> None:
+        with self._lock:
+            self._since[student] = (self.clock(), tuple(stages))
+
+    def finish(self, student: str) -> None:
+        with self._lock:
+            self._since.pop(student, None)
+            self._said.pop(student, None)
+
+    def now(self) -> list[tuple[str, tuple[str, ...], float]]:
+        """(student, stages, seconds in flight), the longest first."""
+        t = self.clock()
+        with self._lock:
+            found = [(s, stages, t - t0) for s, (t0, stages) in self._since.items()]
+        return sorted(found, key=lambda x: -x[2])
+
+    def lines(self) -> list[str]:
+        """A line per student in flight (for a terminal's live display)."""
+        return [f"grading {_printable(s, 80)} ({', '.join(st)}): {sec:.0f} s" for s, st, sec in self.now()]
+
+    def overdue(self, after_s: float = 30.0) -> list[str]:
+        """For a log, where nothing redraws: a line for each student in flight for
+        ``after_s`` seconds, then again each time that time doubles (never once a tick)."""
+        lines = []
+        for student, stages, seconds in self.now():
+            with self._lock:
+                said = self._said.get(student)
+                if seconds < (after_s if said is None else 2 * said):
+                    continue
+                self._said[student] = seconds
+            lines.append(
+                f"still grading {_printable(student, 80)} ({', '.join(stages)}) after {seconds:.0f} s"
+            )
+        return lines
 
 
 def _row(stage: Any) -> dict[str, Any]:
@@ -442,6 +501,7 @@ def run(
     progress: Any = None,
     dry_run: bool = False,
     changes: list[Change] | None = None,
+    in_flight: InFlight | None = None,
 ) -> BatchReport:
     """Grade ``units`` not already in ``book`` (with the same fingerprint), ``workers`` at a time.
 
@@ -458,7 +518,8 @@ def run(
     Each grade is compared with the one it replaces (``compare``) before that one is gone:
     the report's ``changes``, also appended to ``changes`` as each grade is settled, so that
     a caller interrupted midway still holds those of the grades already stored.
-    ``dry_run``: grade and compare, store nothing (``book`` may be read-only)."""
+    ``dry_run``: grade and compare, store nothing (``book`` may be read-only).
+    ``in_flight``: told as each student's grading starts and ends (the progress display's)."""
     import torch
 
     from autograder.grader.grade import Grader
@@ -484,7 +545,10 @@ def run(
                 max_workers=max(1, min(workers, len(todo))), initializer=torch.set_num_threads, initargs=(1,)
             )
             try:
-                futures = {pool.submit(_grade_student, grader, group): group for group in _by_student(todo)}
+                futures = {
+                    pool.submit(_grade_student, grader, group, in_flight): group
+                    for group in _by_student(todo)
+                }
                 n = 0
                 for future in cf.as_completed(futures):
                     group = futures[future]
@@ -730,7 +794,7 @@ def _count(n: int, noun: str) -> str:
 
 
 def _points(points: float) -> str:
-    return f"{points:g} point{'s' * (points != 1)}"
+    return f"{shown(points)} point{'s' * (points != 1)}"
 
 
 def changes_summary(changes: list[Change], new: int) -> str:
@@ -743,7 +807,8 @@ def changes_summary(changes: list[Change], new: int) -> str:
         line = f"{_count(len({c.student for c in changes}), 'student')} changed"
         if tests := sum(1 for c in changes if c.function):
             line += f", {_count(tests, 'test')}"
-        line += f": {gained:g} points gained, {lost:g} lost (net {gained - lost:+g})"
+        net = round(gained - lost, 2)
+        line += f": {shown(gained)} points gained, {shown(lost)} lost (net {'+' * (net >= 0)}{shown(net)})"
     if fixed := sum(c.old == ERROR for c in changes):
         line += f"; {_count(fixed, 'error row')} graded now"
     if broken := sum(c.new == ERROR for c in changes):

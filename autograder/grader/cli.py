@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Annotated
@@ -160,6 +161,15 @@ def batch(
     from rich.text import Text
 
     from autograder.grader import batch as b
+    from autograder.runtime.results import points as shown
+
+    class Watch(Progress):
+        """The bar and, under it, a line per student being graded and for how long."""
+
+        def get_renderables(self):
+            yield from super().get_renderables()
+            for line in in_flight.lines():
+                yield Text(line, style="dim")  # Text: a name is the student's, never markup
 
     if not class_dir.is_dir():
         raise usage_error(f"{class_dir} is not a directory")
@@ -195,7 +205,7 @@ def batch(
             for col in ("student", "stage", "test", "old", "new", "change", "why"):
                 table.add_column(col)
             for c in changes:
-                delta = "" if c.delta is None else f"{c.delta:+g}"
+                delta = "" if c.delta is None else "+" * (c.delta >= 0) + shown(c.delta)
                 # Text: names are the students' text, never rich markup
                 cells = (c.student, c.stage, c.test, points(c.old, c.old_max), points(c.new, c.new_max))
                 table.add_row(*(Text(x) for x in (*cells, delta, c.why)))
@@ -208,11 +218,24 @@ def batch(
     def points(score: float | str | None, max_score: float | None) -> str:
         if score is None:
             return "—"
-        return score if isinstance(score, str) else f"{score:g}/{max_score:g}"
+        return score if isinstance(score, str) else f"{shown(score)}/{shown(max_score or 0)}"
 
+    # A hanging student holds a worker until its limits stop it: a terminal shows who is in
+    # flight and for how long; a log (Docker without -t, CI), where nothing redraws, says
+    # which students take long, as they do.
+    in_flight = b.InFlight()
+    stop_log = threading.Event()
+
+    def log_slow() -> None:
+        while not stop_log.wait(1.0):
+            for line in in_flight.overdue():
+                console.print(line, markup=False, highlight=False)
+
+    if not console.is_terminal:
+        threading.Thread(target=log_slow, name="bertlab-in-flight", daemon=True).start()
     with (
         b.Gradebook(db, read_only=dry_run) as book,
-        Progress(
+        Watch(
             TextColumn("grading"),
             BarColumn(),
             MofNCompleteColumn(),
@@ -241,6 +264,7 @@ def batch(
                 progress=progress,
                 dry_run=dry_run,
                 changes=changes,
+                in_flight=in_flight,
             )
         except KeyboardInterrupt:  # the students in flight were finished, the rest not started
             if dry_run:
@@ -251,6 +275,8 @@ def batch(
             kept = len(book.done())
             err.print(f"interrupted: {db} keeps {kept} grades; run the same command again to grade the rest")
             raise typer.Exit(130) from None
+        finally:
+            stop_log.set()
         asked = {(u.student, u.stage) for u in units}
         rows = [r for r in book.rows() if (r["student"], r["stage"]) in asked]
         if dry_run:  # the table shows the class as the gradebook would be
@@ -268,7 +294,8 @@ def batch(
         table.add_column(col)
     for s in b.summarise(rows):
         mistakes = ", ".join(f"{m} ({n})" for m, n in s.mistakes) or "—"
-        table.add_row(s.stage, str(s.students), f"{s.mean:.2f} / {s.max_score:g}", f"{s.median:g}", mistakes)
+        mean, median = f"{shown(s.mean)} / {shown(s.max_score)}", shown(s.median)
+        table.add_row(s.stage, str(s.students), mean, median, mistakes)
     console.print(table)
     if csv is not None:
         console.print(f"CSV: {csv}")
