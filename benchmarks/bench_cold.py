@@ -31,9 +31,13 @@ order (so a slow minute of a shared machine slows a round, not one figure), then
   course, once: it takes minutes).
 
 ``--baseline DIR`` measures another checkout the same way, in the same rounds (the
-"before" of a change): ``git archive COMMIT | tar -x -C DIR``. ``--profile`` then shows where
-a cold CLI grade spends its time: the fork server's start (launch to ready, alone), the
-parent's imports, and a cProfile of the CLI.
+"before" of a change): ``git archive COMMIT | tar -x -C DIR``. Where a target is missed (or
+with ``--profile``) the bench shows where the time goes: a cold grade cut into its phases,
+with the CPU time of the grader and of the fork server and its children (one stage-01
+submission, and the nine stages), the fork server's start alone (launch to ready), the
+parent's imports, and a cProfile of the CLI. The load average at the start and the end is
+printed with the figures: other processes on the machine slow the two processes of a cold
+grade more than one ``import torch``.
 
 Run: ``make bench-cold`` or ``.venv/bin/python benchmarks/bench_cold.py [options]``.
 Figures also go to ``build/bench/bench_cold.json``.
@@ -267,8 +271,54 @@ def one_round(trees: list[Tree], work: Path, subs: dict[str, Path], args: argpar
 # -- where the time goes ---------------------------------------------------------------------
 
 
-def profile(tree: Path, sub: Path, work: Path) -> dict[str, Any]:
-    """The fork server's start alone; the parent's imports; a cProfile of the CLI."""
+# One cold grade cut into its phases, as run_autograder runs it (the server launched before
+# torch loads, the stages side by side): wall time of each, and the CPU time of this process
+# and of its children (the fork server and the children it forked, reaped at close).
+PHASES = """\
+import json, resource, sys, time
+t0 = time.perf_counter()
+from pathlib import Path
+from autograder.grader.launch import launch
+from autograder.grader.options import SUBMISSION_S, open_grader
+from autograder.runtime.submission import Submission
+from autograder.stages import stage_ids
+sub = Path(sys.argv[1]); stages = Submission(sub).stages(stage_ids())
+launched = launch()
+t1 = time.perf_counter()
+grader = open_grader("cpu", None, SUBMISSION_S, server=launched)
+t2 = time.perf_counter()
+for s in stages:
+    grader.plan(s)
+t3 = time.perf_counter()
+grader.server.wait_ready()
+t4 = time.perf_counter()
+from autograder.grader.batch import default_workers
+result = grader.grade(sub, stages, workers=default_workers())
+t5 = time.perf_counter()
+grader.close()
+t6 = time.perf_counter()
+me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+print(json.dumps({
+    "CLI modules and server launch": t1 - t0, "torch and the grader imported": t2 - t1,
+    "expected values (store)": t3 - t2, "fork server still starting": t4 - t3,
+    "grading (children)": t5 - t4, "server closed": t6 - t5, "total": t6 - t0,
+    "cpu: this process": me.ru_utime + me.ru_stime, "cpu: server and children": kids.ru_utime + kids.ru_stime,
+    "score": result.score, "max_score": result.max_score,
+}))
+"""
+
+
+def phases(tree: Path, sub: Path) -> dict[str, float]:
+    env = {**os.environ, **_tree_env(tree)}
+    out = subprocess.run(
+        [PYTHON, "-c", PHASES, str(sub)], cwd=tree, env=env, capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def profile(tree: Path, sub: Path, work: Path, nine: Path) -> dict[str, Any]:
+    """The fork server's start alone; the parent's imports; a cProfile of the CLI; a cold
+    grade's phases, of one stage-01 submission and of the nine stages."""
     env = {**os.environ, **_tree_env(tree)}
     code = (
         "import time; t = time.perf_counter()\n"
@@ -317,6 +367,8 @@ def profile(tree: Path, sub: Path, work: Path) -> dict[str, Any]:
         rows.append((ct, f"{Path(file).name}:{line}({fn})"))
     rows.sort(reverse=True)
     return {
+        "phases, one stage-01 submission": phases(tree, sub),
+        "phases, nine stages": phases(tree, nine),
         "server_launch_s": importing,
         "server_warm_up_s": warm,
         "server_self_test_s": self_test,
@@ -370,7 +422,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=ROOT / "build" / "bench" / "bench_cold.json")
     args = ap.parse_args(argv)
 
-    print(f"bench_cold: {os.cpu_count()} CPUs, {args.repeat} rounds, python {PYTHON}", flush=True)
+    load_at_start = list(os.getloadavg())
+    print(
+        f"bench_cold: {os.cpu_count()} CPUs, {args.repeat} rounds, python {PYTHON}; "
+        f"load average {' '.join(f'{x:.2f}' for x in load_at_start)}",
+        flush=True,
+    )
     # this checkout's store, as an install leaves it (kept when fresh)
     _wall([PYTHON, "-m", "autograder.grader.expected", "build"], ROOT)
     trees = [Tree("this", ROOT)]
@@ -425,12 +482,20 @@ def main(argv: list[str] | None = None) -> int:
             )
         nbformat_s = statistics.median(_wall([PYTHON, "-c", "import nbformat"], work) for _ in range(3))
         figures["import nbformat (this venv)"] = nbformat_s
-        if args.profile:
-            figures["profile"] = {t.name: profile(t.path, subs["cli"], work) for t in trees}
+        for tree in trees:
+            figures[tree.name] = {"verdicts": verdicts(tree, args, nbgrader_s), "samples": tree.samples}
+        # a target not met: where the time goes (this tree's; every tree's with --profile)
+        missed = any(v == "FAIL" for _, _, v in figures[trees[0].name]["verdicts"])
+        profiled = [
+            t
+            for t in (trees if args.profile else trees[:1] if missed else [])
+            if (t.path / "autograder" / "grader" / "launch.py").is_file()  # what PHASES uses
+        ]
+        if profiled:
+            figures["profile"] = {t.name: profile(t.path, subs["cli"], work, subs["nine"]) for t in profiled}
+        figures["load average (1, 5, 15 min), start and end"] = [load_at_start, list(os.getloadavg())]
 
     rows = []
-    for tree in trees:
-        figures[tree.name] = {"verdicts": verdicts(tree, args, nbgrader_s), "samples": tree.samples}
     names = list(trees[0].samples)
     w = max(len(n) for n in names) + 2
     head = "".join(f"{t.name:>12}" for t in trees)
@@ -450,16 +515,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ntarget ({tree.name})")
         for name, ratio, verdict in figures[tree.name]["verdicts"]:
             print(f"  {name:62} {ratio:>8} {verdict}")
-    if args.profile:
-        for name, prof in figures["profile"].items():
-            print(f"\nwhere a cold CLI grade goes ({name}):")
-            print(
-                f"  fork server alone: launch {prof['server_launch_s']:.2f} s, imports and warm-up "
-                f"{prof['server_warm_up_s']:.2f} s, start-up check {prof['server_self_test_s']:.2f} s"
-            )
-            print("  parent imports: " + ", ".join(f"{n} {s:.2f} s" for n, s in prof["parent_imports_s"]))
-            for fn, ct in prof["cli_cumulative_s"]:
-                print(f"    {ct:7.3f} s  {fn}")
+    start, end = figures["load average (1, 5, 15 min), start and end"]
+    print(f"\nload average (1, 5, 15 min): {start} at the start, {[round(x, 2) for x in end]} at the end")
+    for name, prof in figures.get("profile", {}).items():
+        for which in ("phases, one stage-01 submission", "phases, nine stages"):
+            ph = prof[which]
+            print(f"\nwhere a cold grade goes ({name}, {which}; {ph['score']:g}/{ph['max_score']:g}), s:")
+            for key, value in ph.items():
+                if key not in ("score", "max_score"):
+                    print(f"  {key:40} {value:7.2f}")
+        print(f"\nwhere a cold CLI grade goes ({name}):")
+        print(
+            f"  fork server alone: launch {prof['server_launch_s']:.2f} s, imports and warm-up "
+            f"{prof['server_warm_up_s']:.2f} s, start-up check {prof['server_self_test_s']:.2f} s"
+        )
+        print("  parent imports: " + ", ".join(f"{n} {s:.2f} s" for n, s in prof["parent_imports_s"]))
+        for fn, ct in prof["cli_cumulative_s"]:
+            print(f"    {ct:7.3f} s  {fn}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
     print(f"\nfigures: {args.json}")
