@@ -272,6 +272,7 @@ def main() -> int:
     )
     size = int(sh(["docker", "image", "inspect", IMAGE, "--format", "{{.Size}}"]).stdout)
     checks.check(size < 2.5e9, "the CPU image is under 2.5 GB", f"{size / 1e9:.2f} GB")
+    checks.fact(f"image {IMAGE}: {size / 1e9:.2f} GB")
     listed = sh(
         [
             "docker",

@@ -163,7 +163,10 @@ def test_a_hidden_test_shows_its_counterexample_to_the_student(grader, tmp_path)
     (entry,) = [
         t for t in json.loads((tmp_path / "results.json").read_text())["tests"] if t["name"] == full.name
     ]
-    assert f"```\n{text}\n```" in entry["output"], "a code block: it pastes as Python"
+    if entry.get("output_format") == "md":
+        assert f"```\n{text}\n```" in entry["output"], "a code block: it pastes as Python"
+    else:
+        assert text in entry["output"], "plain text, indented as Python: it pastes as it is"
     import html
 
     assert html.escape(text, quote=True) in render_html(result)
