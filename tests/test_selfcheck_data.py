@@ -31,7 +31,9 @@ def _committed(stage: str) -> public.Data:
 
 
 def _cases(data: public.Data) -> dict[int, dict]:
-    return {c["index"]: c for c in json.loads(data[1]["bertlab"])["cases"]}
+    """Every case of the data by index: public cases, then the small inputs (counterexamples')."""
+    meta = json.loads(data[1]["bertlab"])
+    return {c["index"]: c for c in [*meta["cases"], *meta.get("small", [])]}
 
 
 def _copy(data: public.Data) -> public.Data:
