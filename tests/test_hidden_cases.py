@@ -92,3 +92,27 @@ def test_09_forward_inputs_are_graded_left_out():
     assert any(len(d.args) == 1 for _, d in embeddings)  # forward(input_ids): token types default
     model = _hidden("09_mini_bert", "BertModel")
     assert any(not {"token_type_ids", "attention_mask"} & set(d.kwargs) for _, d in model)
+
+
+# -- 10_gpt -------------------------------------------------------------------------------------
+
+GPT = reference.load("10_gpt")
+
+
+@pytest.mark.stage10
+def test_10_top_p_left_at_its_default_is_told_from_a_top_p_run_at_one():
+    """``if top_p <= 1.0`` (or ``!= 1.0``, ``< 2.0``) runs top-p at its default: in exact
+    arithmetic that removes nothing, but a token whose probability is below the dtype's
+    epsilon has the mass of those before it rounded to 1.0, and is removed."""
+    left_out = [d for _, d in _hidden("10_gpt", "filter_logits") if "top_p" not in d.kwargs]
+    assert left_out
+
+    def top_p_at_one(logits):
+        probs, order = logits.softmax(-1).sort(-1, descending=True)
+        remove = probs.cumsum(-1) - probs >= 1.0
+        return logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+
+    assert any(
+        not torch.equal(GPT.filter_logits(*d.args, **d.kwargs), top_p_at_one(GPT.filter_logits(*d.args)))
+        for d in left_out
+    )

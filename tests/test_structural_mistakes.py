@@ -68,6 +68,10 @@ RETURNED = {
         0,
         "the student returns a scheduler, which the driver steps and reads the learning rates of",
     ),
+    ("10_gpt", "to_gpt2_state_dict"): (0, "the student returns a dict, which the driver reads key by key"),
+    ("10_gpt", "greedy_decode"): (0, "the student returns the tokens; the 2nd output is the driver's record"),
+    ("10_gpt", "filter_logits"): (0, "the student returns the logits, which the driver splits in two"),
+    ("10_gpt", "sample"): (0, "the student returns the tokens; the driver records the calls, draws again"),
 }
 
 
