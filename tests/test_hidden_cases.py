@@ -101,7 +101,7 @@ GPT = reference.load("10_gpt")
 
 @pytest.mark.stage10
 def test_10_top_p_left_at_its_default_is_told_from_a_top_p_run_at_one():
-    """``if top_p <= 1.0`` (or ``!= 1.0``, ``< 2.0``) runs top-p at its default: in exact
+    """``if top_p <= 1.0`` (or ``< 2.0``) runs top-p at its default: in exact
     arithmetic that removes nothing, but a token whose probability is below the dtype's
     epsilon has the mass of those before it rounded to 1.0, and is removed."""
     left_out = [d for _, d in _hidden("10_gpt", "filter_logits") if "top_p" not in d.kwargs]
