@@ -349,7 +349,7 @@ def _probe_state(g: torch.Generator, dtype: torch.dtype, sizes: dict) -> dict[st
     state = {}
     for name, value in sorted(ProbeModel(**sizes).state_dict().items()):
         t = randn(g, *value.shape, dtype=dtype, scale=0.5)
-        if name.endswith("weight") and value.dim() == 1:  # LayerNorm gains near 1
+        if value.dim() == 1 and not name.endswith("bias"):  # LayerNorm gains and scales near 1
             t = t * 0.2 + 1.0
         state[name] = t
     return state
@@ -794,6 +794,10 @@ ALIGN = Graded(
                         ([None, 0, 1, 1, None, 0, 0, 1, None], [2, 5]),
                     ),
                 ),
+                Case(
+                    "300 words, the last of 2 pieces (word ids past 256: `is` is not `==` there)",
+                    _hand_made_case(([None, *range(300), 299, None], [i % 9 for i in range(300)])),
+                ),
             ),
         ),
     ),
@@ -917,13 +921,14 @@ SCHEDULE = Graded(
             cases=(Case("warm-up 2 of 6 steps, 6 steps", _schedule_case(2, 6, 6)),),
         ),
         Test(
-            "float64, no warm-up, all warm-up, one step of warm-up",
+            "float64, no warm-up, all warm-up, one step of warm-up or of decay",
             torch.float64,
             points=1,
             cases=(
                 Case("no warm-up, 8 steps, 9 steps", _schedule_case(0, 8, 9)),
                 Case("warm-up 5 of 5 steps, 7 steps", _schedule_case(5, 5, 7)),
                 Case("warm-up 1 of 4 steps, 5 steps", _schedule_case(1, 4, 5, lrs=(1e-3, 3e-2))),
+                Case("warm-up 3 of 4 steps (one step of decay), 5 steps", _schedule_case(3, 4, 5)),
             ),
         ),
         Test(

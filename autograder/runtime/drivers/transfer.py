@@ -183,10 +183,27 @@ class _Block(nn.Module):
         return self.norm2(x + self.ffn.linear2(torch.tanh(self.ffn.linear1(x))))
 
 
+class _Affine(nn.Module):
+    """``x * weight + bias``, its parameters registered under names read from a configuration
+    string: built at run time, they equal "weight" and "bias" but are other objects than
+    the literals (so ``name is "bias"`` is a mistake, as 05's ``mode is "train"``)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        scale, shift = "weight bias".split()
+        self.register_parameter(scale, nn.Parameter(torch.ones(size)))
+        self.register_parameter(shift, nn.Parameter(torch.zeros(size)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.weight + self.bias
+
+
 class ProbeModel(nn.Module):
     """A small classifier with parameters of every kind an optimiser set-up must sort:
     embeddings, Linear weights and biases, LayerNorms named LayerNorm, norm1, norm2 and ln
-    (``norm_bias=False``: one without a bias), a Linear without bias."""
+    (``norm_bias=False``: one without a bias), a Linear without bias, a learned scale named
+    ``alpha`` (decayed: neither a bias nor a LayerNorm's, though its name sorts before
+    "bias"), and a bias whose name is built at run time (``_Affine``)."""
 
     def __init__(
         self, vocab: int, hidden: int, inner: int, layers: int, classes: int, norm_bias: bool
@@ -197,15 +214,17 @@ class ProbeModel(nn.Module):
         self.embeddings.LayerNorm = nn.LayerNorm(hidden)
         self.layers = nn.ModuleList(_Block(hidden, inner) for _ in range(layers))
         self.ln = nn.LayerNorm(hidden, bias=norm_bias)
+        self.alpha = nn.Parameter(torch.ones(hidden))
         self.head = nn.Linear(hidden, classes, bias=False)
         self.classifier = nn.Linear(hidden, classes)
+        self.out = _Affine(classes)
 
     def forward(self, input_ids: Tensor) -> Tensor:
         x = self.embeddings.LayerNorm(self.embeddings.word_embeddings(input_ids))  # (B, L, H)
         for layer in self.layers:
             x = layer(x)
-        x = self.ln(x)
-        return self.classifier(x[:, 0]) + self.head(x.mean(dim=1))  # (B, classes)
+        x = self.ln(x) * self.alpha
+        return self.out(self.classifier(x[:, 0]) + self.head(x.mean(dim=1)))  # (B, classes)
 
 
 def probe_model(options: dict[str, Any], state: dict[str, Tensor], device: str) -> ProbeModel:
