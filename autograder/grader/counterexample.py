@@ -32,6 +32,7 @@ import inspect
 import sys
 import threading
 import traceback
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -68,6 +69,7 @@ class Grader(Protocol):
 # one call's limit.
 CALL_S = 2.0
 RUN_S = 20.0
+WHOLE_AFTER = 3  # sets of failing names of a stage planned on their own (``Counterexamples.ladder``)
 
 
 @dataclass(frozen=True)
@@ -87,14 +89,18 @@ def _fixed(data: CaseData):
     return build
 
 
-def ladder_spec(spec: StageSpec) -> tuple[StageSpec, dict[tuple[str, str], Rung]]:
+def ladder_spec(
+    spec: StageSpec, names: Collection[str] | None = None
+) -> tuple[StageSpec, dict[tuple[str, str], Rung]]:
     """``spec`` with each graded name's tests replaced by its small inputs, one public test
-    each, in the order the search tries them; and each one's ``Rung``, by (name, group)."""
+    each, in the order the search tries them (only ``names``', if given: the others get no
+    test); and each one's ``Rung``, by (name, group)."""
     rungs: dict[tuple[str, str], Rung] = {}
     graded = []
     for g in spec.graded:
         tests = []
-        for rank, sc in enumerate(small_cases(spec, g), start=1):
+        chosen = names is None or g.name in names
+        for rank, sc in enumerate(small_cases(spec, g) if chosen else (), start=1):
             tests.append(
                 Test(sc.label, sc.dtype, (Case(sc.label, _fixed(sc.data)),), points=1.0, hidden=False)
             )
@@ -111,13 +117,11 @@ class Ladder:
     rungs: dict[int, Rung]  # by the plan's case index
 
     @classmethod
-    def build(cls, spec: StageSpec, device: str) -> Ladder:
-        derived, rungs = ladder_spec(spec)
+    def build(cls, spec: StageSpec, device: str, names: Collection[str] | None = None) -> Ladder:
+        """``names``: only these names' small inputs (the reference runs on each input here)."""
+        derived, rungs = ladder_spec(spec, names)
         plan = StagePlan.build(derived, device, hidden=False)
         return cls(plan, {pc.index: rungs[(pc.graded.name, pc.test.group)] for pc in plan.cases})
-
-    def names(self) -> set[str]:
-        return {r.name for r in self.rungs.values()}
 
 
 def search(
@@ -161,14 +165,26 @@ class Counterexamples:
 
     def __init__(self, grader: Grader) -> None:
         self.grader = grader
-        self._ladders: dict[str, Ladder] = {}
+        # by (stage, the names it holds: None for all)
+        self._ladders: dict[tuple[str, frozenset[str] | None], Ladder] = {}
         self._lock = threading.Lock()
 
-    def ladder(self, spec: StageSpec) -> Ladder:
+    def ladder(self, spec: StageSpec, names: Collection[str] | None = None) -> Ladder:
+        """A ladder holding ``names``' small inputs (every name's if None). The reference runs
+        on each of them here, once per grader: a set of names is planned on its own (one
+        student fails a few names, and a name on a real checkpoint costs seconds), until a
+        stage has been asked for ``WHOLE_AFTER`` sets; then all its names at once (a batch's
+        students fail in many ways)."""
         with self._lock:
-            if spec.id not in self._ladders:
-                self._ladders[spec.id] = Ladder.build(spec, self.grader.device)
-            return self._ladders[spec.id]
+            whole = self._ladders.get((spec.id, None))
+            if whole is not None:
+                return whole
+            key = None if names is None else frozenset(names)
+            if (spec.id, key) not in self._ladders:
+                if sum(stage == spec.id for stage, _ in self._ladders) >= WHOLE_AFTER:
+                    key = None
+                self._ladders[(spec.id, key)] = Ladder.build(spec, self.grader.device, key)
+            return self._ladders[(spec.id, key)]
 
     def limits(self, spec: StageSpec) -> Limits:
         own = self.grader.limits
@@ -199,12 +215,11 @@ class Counterexamples:
                     t.counterexample = found[t.function]
 
     def for_stage(self, submission: Path, stage: str, names: set[str]) -> dict[str, Counterexample]:
-        plan = self.grader.plan(stage)
-        spec = plan.spec
-        ladder = self.ladder(spec)
-        names = names & ladder.names()
+        spec = self.grader.plan(stage).spec
+        names = {g.name for g in spec.graded if g.name in names and g.small}
         if not names:
             return {}
+        ladder = self.ladder(spec, names)
         handed_in = Submission(submission)
         try:
             path = handed_in.file(stage)

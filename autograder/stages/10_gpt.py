@@ -43,6 +43,16 @@ TINY = dict(
 )
 
 
+# The smallest GPT counterexamples are tried on (``Graded.small``): a hidden size of 3 (a
+# LayerNorm over 2 values keeps only the sign of their difference), a vocabulary of 3.
+SMALL_GPT = dict(
+    vocab_size=3, hidden_size=3, num_layers=1, num_heads=1, intermediate_size=2, max_position_embeddings=8
+)
+# Two layers: a prompt's first positions change what the second layer's cache holds (with
+# one layer the cache is its input's projection, whatever attention did).
+SMALL_GPT2 = {**SMALL_GPT, "num_layers": 2, "vocab_size": 5, "hidden_size": 4, "num_heads": 2}
+
+
 def _random_state(module: torch.nn.Module, g: torch.Generator, dtype: torch.dtype) -> dict[str, Tensor]:
     """Random values for every entry of ``module``'s state dict: LayerNorm gains near 1,
     everything else of scale 0.5 (biases that count, logits of spread ~2)."""
@@ -96,6 +106,8 @@ GELU_TANH = Graded(
     reference=ref.gelu_tanh,
     forbidden=GELU_OPS,
     variants=(Variant("gelu-erf-instead-of-tanh", _gelu_erf),),
+    # one value, then a few (tanh's and erf's GELU part in the fourth digit at x = 1)
+    small=(_values(1, scale=1.0), _values(2, scale=1.0), _values(3, scale=2.0)),
     tests=(
         Test(
             "float32, vectors and batches",
@@ -225,6 +237,14 @@ BLOCK = Graded(
     reference=ref.GPTBlock,
     forbidden=FORBIDDEN,
     variants=tuple(Variant(mid, _block_variant(**knobs)) for mid, knobs in BLOCK_MISTAKES.items()),
+    # d_model = 3 (a LayerNorm over one feature is its bias, over two only a sign), one
+    # head; two positions (a mask to apply), then after a cache of one and two positions
+    small=(
+        _block_case(1, 2, 3, 1, 1),
+        _block_case(1, 1, 3, 1, 1, past=1),
+        _block_case(1, 2, 3, 1, 2, past=1),
+        _block_case(1, 2, 4, 2, 2, past=2),
+    ),
     tests=(
         Test(
             "float32, no cache",
@@ -351,6 +371,13 @@ MODEL = Graded(
     reference=ref.GPT,
     forbidden=FORBIDDEN,
     variants=tuple(Variant(mid, _gpt_variant(**knobs)) for mid, knobs in GPT_MISTAKES),
+    # the smallest GPT: two tokens at once, then one at a time (the cache), then 2 + 1
+    small=(
+        _chunked_case(1, [2], **SMALL_GPT),
+        _chunked_case(1, [1, 1], **SMALL_GPT),
+        _chunked_case(1, [2, 1], **SMALL_GPT),
+        _chunked_case(2, [2, 2], **{**SMALL_GPT, "hidden_size": 4, "num_heads": 2}),
+    ),
     tests=(
         Test(
             "float32, one call",
@@ -439,6 +466,8 @@ LOSS = Graded(
         Variant("labels-not-shifted", _unshifted),
         Variant("labels-not-shifted", _shifted_backwards),
     ),
+    # two positions (one prediction), then a -100 prompt, then labels left out at random
+    small=(_loss_case(1, 2, 2), _loss_case(1, 3, 2, prompt=1), _loss_case(2, 3, 3, ignored=0.5)),
     tests=(
         Test(
             "float32, every label counts",
@@ -524,6 +553,11 @@ EXPORT = Graded(
     variants=(
         Variant("conv1d-not-transposed", _export_untransposed(*CONV1D)),
         *(Variant("conv1d-not-transposed", _export_untransposed(w)) for w in CONV1D),
+    ),
+    # one layer of hidden size 2 and 3 (every Conv1D weight is then (in, out) of two shapes)
+    small=(
+        _export_case(**{**SMALL_GPT, "hidden_size": 2}),
+        _export_case(**SMALL_GPT),
     ),
     tests=(
         Test(
@@ -616,6 +650,13 @@ GREEDY = Graded(
     variants=(
         Variant("no-kv-cache", _greedy_without_cache),
         *(Variant(mid, _gpt_variant(**knobs), replaces="GPT") for mid, knobs in DECODED_MISTAKES),
+    ),
+    small=(
+        _decoding_case(1, 1, 2, **SMALL_GPT),
+        _decoding_case(1, 2, 2, **SMALL_GPT),
+        _decoding_case(2, 2, 3, **SMALL_GPT),
+        _decoding_case(1, 3, 2, **SMALL_GPT2),
+        _decoding_case(2, 3, 3, **SMALL_GPT2),
     ),
     tests=(
         Test(
@@ -738,6 +779,15 @@ FILTER = Graded(
         Variant("temperature-after-softmax", _tempered_after_filtering),
         Variant("top-p-drops-crossing-token", _top_p_dropping_the_crossing_token(strict=False)),
         Variant("top-p-drops-crossing-token", _top_p_dropping_the_crossing_token(strict=True)),
+    ),
+    # one row of 3 or 4 logits, each option alone, then a temperature with top-p
+    small=(
+        _filter_case(1, 3, temperature=0.5),
+        _filter_case(1, 3, top_k=1),
+        _filter_case(1, 3, top_p=0.5),
+        _filter_case(1, 4, top_p=0.7),
+        _filter_case(1, 4, temperature=2.0, top_p=0.6),
+        _filter_case(1, 4, temperature=0.5, top_k=2),
     ),
     tests=(
         Test(
@@ -887,6 +937,13 @@ SAMPLE = Graded(
         Variant("sampling-ignores-generator", _sample_variant(seeded=False)),
         Variant("no-kv-cache", _sample_variant(cache=False)),
         *(Variant(mid, _gpt_variant(**knobs), replaces="GPT") for mid, knobs in DECODED_MISTAKES),
+    ),
+    small=(
+        _sampling_case(1, 1, 2, **SMALL_GPT),
+        _sampling_case(1, 1, 3, temperature=2.0, **SMALL_GPT),
+        _sampling_case(2, 1, 4, top_p=0.6, **SMALL_GPT),
+        _sampling_case(2, 2, 3, temperature=0.5, top_k=2, **SMALL_GPT),
+        _sampling_case(2, 3, 4, top_p=0.8, **SMALL_GPT2),
     ),
     tests=(
         Test(

@@ -31,6 +31,7 @@ from autograder.stages.spec import (
     Test,
     Tolerance,
     Variant,
+    own_values,
     randint,
     randn,
     tolerance_for,
@@ -343,6 +344,7 @@ def _embeddings_frozen_only(model):
 # -- param_groups and linear_schedule_with_warmup --------------------------------------------------------
 
 PROBE = dict(vocab=30, hidden=8, inner=12, layers=2, classes=3, norm_bias=True)
+SMALL_PROBE = dict(vocab=2, hidden=3, inner=2, layers=1, classes=2)  # counterexamples' (``small``)
 
 
 def _probe_state(g: torch.Generator, dtype: torch.dtype, sizes: dict) -> dict[str, Tensor]:
@@ -440,6 +442,8 @@ POOLER = Graded(
     reference=ref.BertPooler,
     kind="module",
     variants=(Variant("last-token-not-cls", _LastTokenPooler),),
+    # two positions (the first token is not the last), then two rows, H = 2
+    small=(_pooler_case(1, 2, 2), _pooler_case(2, 2, 2), _pooler_case(2, 3, 3)),
     tests=(
         Test(
             "float32",
@@ -484,6 +488,11 @@ SEQUENCE = Graded(
     kind="module",
     forbidden=FORBIDDEN,
     variants=LAST_TOKEN,
+    # 09's smallest BERT (hidden size 3, one layer and head): two tokens, then a padded batch
+    small=(
+        _head_case(ref.BertForSequenceClassification, 1, 2, 2, padded=False, **mini_bert.SMALL_MODEL),
+        _head_case(ref.BertForSequenceClassification, 2, 3, 2, **mini_bert.SMALL_MODEL),
+    ),
     tests=(
         Test(
             "float32, padded batch",
@@ -555,6 +564,10 @@ TOKEN = Graded(
     kind="module",
     forbidden=FORBIDDEN,
     graded_region=_real_tokens,
+    small=(
+        _head_case(ref.BertForTokenClassification, 1, 2, 2, padded=False, **mini_bert.SMALL_MODEL),
+        _head_case(ref.BertForTokenClassification, 2, 3, 2, **mini_bert.SMALL_MODEL),
+    ),
     tests=(
         Test(
             "float32, padded batch",
@@ -626,6 +639,10 @@ BACKBONE = Graded(
         Variant("last-token-not-cls", _LastPositionClassifier, replaces="BertForSequenceClassification"),
         Variant("last-token-not-cls", _LastRealTokenClassifier, replaces="BertForSequenceClassification"),
     ),
+    # MiniLM's real weights whatever the input (each call loads them, ~1.5 s): one short
+    # padded pair of public words, on the head whose mistakes are this name's, at its own
+    # values (a 2 x 384 classifier reads no better in integers)
+    small=(own_values(_pretrained_case("sequence", ("cat", "the cat sat"), 2)),),
     tests=(
         Test(
             "float32, sequence head, real sentences",
@@ -692,6 +709,11 @@ STATES = Graded(
         Variant("hidden-states-off-by-one", _states_without_embeddings),
         Variant("hidden-states-off-by-one", _states_before_each_layer),
     ),
+    # 09's smallest BERT: one layer (two states), then two layers picked by index, padded
+    small=(
+        _states_case(1, 2, None, padded=False, **mini_bert.SMALL_MODEL),
+        _states_case(2, 3, [0, -1], **{**mini_bert.SMALL_MODEL, "num_layers": 2}),
+    ),
     tests=(
         Test(
             "float32, every state, padded batch",
@@ -751,6 +773,12 @@ ALIGN = Graded(
     kind="driver",
     driver="transfer:aligned",
     variants=(Variant("every-subtoken-labelled", _every_subtoken_labelled),),
+    # one word of one piece, then of two pieces, then two words
+    small=(
+        _hand_made_case(([None, 0, None], [2])),
+        _hand_made_case(([None, 0, 0, None], [2])),
+        _hand_made_case(([None, 0, 1, 1, None], [1, 2])),
+    ),
     tests=(
         Test(
             "real tokenizer output",
@@ -819,6 +847,10 @@ FREEZE = Graded(
         Variant("backbone-not-frozen", _bert_left_in_eval_mode),
         Variant("backbone-not-frozen", _embeddings_frozen_only),
     ),
+    small=(
+        _freeze_case("sequence", 1, 2, 2, False, **mini_bert.SMALL_MODEL),
+        _freeze_case("token", 2, 3, 2, True, **mini_bert.SMALL_MODEL),
+    ),
     tests=(
         Test(
             "sequence head",
@@ -856,6 +888,8 @@ GROUPS = Graded(
         Variant("decay-on-layernorm-or-bias", _by_name),
         Variant("decay-on-layernorm-or-bias", _biases_only),
     ),
+    # a probe model of hidden size 3 and one block, one step, then two
+    small=(_adamw_case(0.1, 1, **SMALL_PROBE), _adamw_case(0.5, 2, **SMALL_PROBE, norm_bias=False)),
     tests=(
         Test(
             "float32",
@@ -904,6 +938,12 @@ SCHEDULE = Graded(
     variants=(
         Variant("warmup-off-by-one", _warmup_from_one),
         Variant("warmup-off-by-one", _one_step_ahead),
+    ),
+    # one step of warm-up of two, then none, then past the end
+    small=(
+        _schedule_case(1, 2, 2, **SMALL_PROBE),
+        _schedule_case(0, 2, 2, **SMALL_PROBE),
+        _schedule_case(2, 3, 4, **SMALL_PROBE),
     ),
     tests=(
         Test(

@@ -288,6 +288,9 @@ def small_dtypes(graded: Graded) -> tuple[torch.dtype, ...]:
 def small_cases(spec: StageSpec, graded: Graded, limit: int = MAX_SMALL_CASES) -> tuple[SmallCase, ...]:
     """The candidates of ``graded``'s counterexample search, smallest first (see above).
 
+    A builder that raises ValueError at a value level (its inputs must meet a condition
+    that simple values cannot: distinct logits among three integers) is skipped there.
+
     Deterministic: each candidate's seed comes from (stage, name, builder, level), never from
     a test's group or a case's label, so no candidate is a hidden case's input. The same on
     every call, so the grader and the self-check data try the same inputs in the same order."""
@@ -295,11 +298,17 @@ def small_cases(spec: StageSpec, graded: Graded, limit: int = MAX_SMALL_CASES) -
     seen: set[bytes] = set()
     dtypes = small_dtypes(graded)
     for b, build in enumerate(graded.small):
+        own = getattr(build, "own_values", False)
         for level, values in enumerate(SMALL_VALUES):
+            if own and level < len(SMALL_VALUES) - 1:
+                continue
             for d, dtype in enumerate(dtypes):
                 g = torch.Generator().manual_seed(case_seed(spec.id, graded.name, "small", f"{b}/{level}"))
                 with small_values(level):
-                    data = build(g, dtype)
+                    try:
+                        data = build(g, dtype)
+                    except ValueError:  # what it must draw cannot be drawn in these values
+                        continue
                 key = _fingerprint(data)
                 if key in seen:
                     continue
@@ -313,6 +322,18 @@ def small_cases(spec: StageSpec, graded: Graded, limit: int = MAX_SMALL_CASES) -
         SmallCase(f"small input {i} of {len(found)}: {what}", dtype, data, size)
         for i, (_, what, dtype, data, size) in enumerate(found, start=1)
     )
+
+
+def own_values(build: Builder) -> Builder:
+    """A small builder tried at its own values only (the last level of ``SMALL_VALUES``), in
+    each dtype: for an input whose every call is costly (a real checkpoint loaded) and whose
+    numbers simpler values would not make shorter to read."""
+
+    def at_own_values(g: torch.Generator, dtype: torch.dtype) -> CaseData:
+        return build(g, dtype)
+
+    at_own_values.own_values = True  # type: ignore[attr-defined]
+    return at_own_values
 
 
 # -- helpers for builders ---------------------------------------------------------------
