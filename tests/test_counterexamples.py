@@ -169,7 +169,11 @@ def test_a_hidden_test_shows_its_counterexample_to_the_student(grader, tmp_path)
         assert text in entry["output"], "plain text, indented as Python: it pastes as it is"
     import html
 
-    assert html.escape(text, quote=True) in render_html(result)
+    page = render_html(result)
+    for line in text.splitlines():
+        if line.startswith("    "):  # its Python, line for line, as it pastes
+            assert f"\n{html.escape(line, quote=True)}\n" in page, line
+    assert 'class="callout hint counterexample"' in page and "disagrees (paste it into your notebook)" in page
 
 
 def test_no_counterexample_on_a_passing_test(graded):
