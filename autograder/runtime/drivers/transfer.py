@@ -48,16 +48,16 @@ IGNORE_INDEX = -100
 def _copy_in(model: nn.Module, weights: dict[str, Tensor], what: str) -> None:
     """The case's weights into ``model``'s parameters of the same names."""
     with torch.no_grad():
-        for name, value in weights.items():
+        for name, tensor in weights.items():
             try:
                 target = model.get_parameter(name)
             except AttributeError:
                 raise AttributeError(f"{what} has no parameter `{name}`") from None
-            if target.shape != value.shape:
+            if target.shape != tensor.shape:
                 raise ValueError(
-                    f"{what}: `{name}` has shape {tuple(target.shape)}, expected {tuple(value.shape)}"
+                    f"{what}: `{name}` has shape {tuple(target.shape)}, expected {tuple(tensor.shape)}"
                 )
-            target.copy_(value)
+            target.copy_(tensor)
 
 
 def _call_kwargs(data: dict[str, Any]) -> dict[str, Any]:
