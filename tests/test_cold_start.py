@@ -29,7 +29,7 @@ from autograder.grader.plan import StagePlan
 from autograder.grader.report import stage_record
 from autograder.sandbox import confine
 from autograder.stages import load_spec
-from tests.support import ROOT, full_marks, max_score, write_py
+from tests.support import ROOT, full_marks, max_score, run_cli, write_py
 
 STAGE = "01_attention"
 EXAMPLES = ROOT / "examples" / "class"
@@ -184,6 +184,43 @@ def test_the_server_loads_only_what_a_submission_uses(tmp_path):
     # a graded cell that imports matplotlib and plots still grades, in full
     assert {t.function: t.score for t in result.stages[0].tests if t.score}.keys() == full_marks(STAGE).keys()
     assert result.score == max_score(STAGE), [n for s in result.stages for n in s.notes]
+
+
+def test_a_cold_grade_asks_the_server_for_its_extras_before_it_plans(tmp_path, monkeypatch):
+    code = (EXAMPLES / "ada_correct_matmul" / f"{STAGE}.py").read_text()
+    plots = write_py(tmp_path / "plots", STAGE, "import matplotlib.pyplot as plt\n" + code)
+    asked: list[set[str]] = []
+    with Grader(expected_dir=None) as grader:
+        plan = grader.plan
+
+        def planning(stage: str) -> StagePlan:
+            asked.append(set(grader.server._warmed))  # what the server loads while this plans
+            return plan(stage)
+
+        monkeypatch.setattr(grader, "plan", planning)
+        assert grader.grade(plots, [STAGE]).score == max_score(STAGE)
+    assert asked and asked[0] == {"matplotlib"}
+    # 09's driver (its weights) too; a file that cannot be read only starts nothing early
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "09_mini_bert.ipynb").write_text("{not a notebook")
+    with Grader(expected_dir=None) as grader:
+        grader.warm_for([(broken, "09_mini_bert")])
+        assert grader.server._warmed == {"driver:bert"}
+        grader.warm_for([(tmp_path / "plain", STAGE), (plots, STAGE)], files=1)  # only the first read
+        assert "matplotlib" not in grader.server._warmed
+
+
+def test_a_class_already_graded_starts_and_ends_quietly(tmp_path):
+    student = tmp_path / "class" / "ada"
+    student.mkdir(parents=True)
+    shutil.copy(EXAMPLES / "ada_correct_matmul" / f"{STAGE}.py", student)
+    db = str(tmp_path / "grades.sqlite")
+    first = run_cli("batch", str(tmp_path / "class"), "--db", db)
+    assert first.returncode == 0, first.stderr
+    again = run_cli("batch", str(tmp_path / "class"), "--db", db)  # its early server is never used
+    assert again.returncode == 0 and "already in the gradebook 1" in again.stdout, again.stdout
+    assert "Traceback" not in again.stderr and "Error" not in again.stderr, again.stderr
 
 
 def test_stages_side_by_side_grade_as_in_turn(tmp_path):

@@ -539,6 +539,7 @@ def run(
     torch.set_num_threads(1)
     try:
         with Grader(device=device, limits=Limits(call_s=call_s, submission_s=submission_s)) as grader:
+            grader.warm_for([(u.submission, u.stage) for u in todo])
             grader.prepare(sorted({u.stage for u in todo}))
             # torch's thread count is per thread (OpenMP): each worker sets its own
             pool = cf.ThreadPoolExecutor(

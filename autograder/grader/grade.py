@@ -115,6 +115,27 @@ class Grader:
             self.server.warm(_driver_extras(plan.spec))  # a class's children all inherit them
         self.server.wait_ready()  # a sandbox that cannot run student code fails here, once
 
+    def warm_for(self, units: list[tuple[Path, str]], files: int = 12) -> None:
+        """Ask the fork server now for what the children grading ``units`` (submission,
+        stage) will need (``_driver_extras``; matplotlib if a graded cell imports it), so
+        that it loads them while this process still plans, not when the first child is
+        due (matplotlib alone is half a second, before which no child is forked). Only the
+        first ``files`` files are read for a plot (a class of thousands is not read twice
+        before it starts); ``grade_stage`` asks again for what each child needs, so a file
+        left unread, or one that cannot be read, only starts later."""
+        extras: set[str] = set()
+        for stage in {stage for _, stage in units}:
+            extras |= _driver_extras(load_spec(stage))
+        for submission, stage in units[:files]:
+            try:
+                path = Submission(submission).file(stage)
+                if path is not None and any(PLOTS.search(text) for _, text in load_source(path, stage).cells):
+                    extras.add("matplotlib")
+                    break
+            except LoadError:
+                pass
+        self.server.warm(extras)
+
     def close(self) -> None:
         if self._server is not None:
             self._server.close()
@@ -222,6 +243,8 @@ class Grader:
         # A stage without a file runs nothing and needs neither: an empty submission starts
         # no server and runs no reference.
         held = [s for s in stages if Submission(submission).holds(s)]
+        if held and self._server is None:  # a cold start (batch's ``prepare`` warmed its own)
+            self.warm_for([(submission, s) for s in held])
         for s in held:
             self.plan(s)
         if held:

@@ -34,9 +34,11 @@ class Launched:
     def close(self) -> None:
         """For a launch that no ``ForkServer`` adopts (a usage error after it): nothing
         runs in it yet, so it is killed, not asked to finish."""
-        self.sock.close()
+        # killed first: a socket closed with the server's unread "ready" in it resets the
+        # connection, and a server still alive would print that ConnectionResetError
         self.proc.kill()
         self.proc.wait()
+        self.sock.close()
 
 
 def launch() -> Launched:
