@@ -290,6 +290,8 @@ launched = launch()
 t1 = time.perf_counter()
 grader = open_grader("cpu", None, SUBMISSION_S, server=launched)
 t2 = time.perf_counter()
+if stages and hasattr(grader, "warm_for"):  # as grade() asks, before it plans (a baseline may not)
+    grader.warm_for([(sub, s) for s in stages])
 for s in stages:
     grader.plan(s)
 t3 = time.perf_counter()
@@ -527,6 +529,18 @@ def main(argv: list[str] | None = None) -> int:
             for key, value in ph.items():
                 if key not in ("score", "max_score"):
                     print(f"  {key:40} {value:7.2f}")
+            # no schedule on these cores finishes before its CPU seconds spread over all of them
+            cpu = ph["cpu: this process"] + ph["cpu: server and children"]
+            floor = cpu / (os.cpu_count() or 1)
+            print(f"  {'CPU floor: cpu seconds / ' + str(os.cpu_count()) + ' cores':40} {floor:7.2f}")
+            per_student = (
+                figures[name]["samples"].get("batch --workers 1, per student") if name in figures else None
+            )
+            if which == "phases, nine stages" and per_student:
+                print(
+                    f"  {'2x batch per student (the target)':40} {2 * per_student[0]:7.2f}"
+                    f"   (the floor is {floor / per_student[0]:.2f}x batch per student)"
+                )
         print(f"\nwhere a cold CLI grade goes ({name}):")
         print(
             f"  fork server alone: launch {prof['server_launch_s']:.2f} s, imports and warm-up "
