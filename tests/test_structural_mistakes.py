@@ -28,6 +28,7 @@ import reference
 from autograder.grader import batch, feedback
 from autograder.grader.gradescope import student_view
 from autograder.grader.plan import StagePlan
+from autograder.grader.report import markdown
 from autograder.grader.visibility import for_students
 from autograder.runtime import selfcheck
 from autograder.runtime.check import GENERIC_MISCONCEPTIONS, check_case, returned_in_order
@@ -397,7 +398,11 @@ def test_a_graded_submission_is_tagged_and_hinted_in_public_and_hidden_tests(gra
     for t in named:
         entry = by_name[t.name]
         assert f"misconception:{mid}" in entry["tags"]
-        assert f"likely mistake [{mid}]: {hint}" in entry["output"], entry["output"]
+        line = f"likely mistake [{mid}]: {hint}"
+        # Gradescope's text is Markdown (output_format md): the same line, escaped
+        assert (markdown(line) if entry.get("output_format") == "md" else line) in entry["output"], entry[
+            "output"
+        ]
         if t.hidden:  # the hint, and no case of it
             assert "hidden cases passed" in entry["output"] and "✗" not in entry["output"]
         else:
@@ -413,7 +418,9 @@ def test_the_html_feedback_shows_the_hint_on_hidden_and_public_tests(graded):
     callouts = re.findall(r'<div class="callout hint">(.*?)</div>', page, re.S)
     losing = [t for t in for_students(result).stages[0].tests if SWAPPED in t.misconceptions]
     assert any(t.hidden for t in losing) and len(callouts) == len(losing)
-    assert all(html.escape(GENERIC_MISCONCEPTIONS[SWAPPED]) in c for c in callouts)
+    # the hint as the page shows a message: escaped, its `code` spans as <code>
+    shown = re.sub(r"`([^`\n]+)`", r"<code>\1</code>", html.escape(GENERIC_MISCONCEPTIONS[SWAPPED]))
+    assert all(shown in c for c in callouts), callouts
 
 
 def test_hidden_tests_keep_generic_ids_and_drop_unknown_ones(graded):
