@@ -365,3 +365,24 @@ def test_setup_stops_when_no_venv_can_be_made(tmp_path):
     assert f"setup.sh: python3.12 cannot create a venv; installing {minor} with apt-get" in proc.stderr
     assert f"setup.sh: apt-get could not install {minor}" in proc.stderr
     assert not (here / ".venv").exists() and not (tmp_path / "installed").exists()
+
+
+def test_instructor_log_shows_scores_as_the_table_does():
+    """run_autograder's stdout (hidden from students) gives every score with at most 2 decimals,
+    as the CLI's table and the student's results do: a third of a point is 0.33, not 0.333333."""
+    from autograder.grader.gradescope import instructor_log
+    from autograder.runtime.results import CaseResult, StageResult, SubmissionResult, TestResult
+
+    cases = [CaseResult(f"case {i}", i == 0, "passed" if i == 0 else "wrong values") for i in range(3)]
+    tests = [
+        TestResult(STAGE, name, "float64", f"1.{i + 1}", 1.0, score, hidden, cases, [])
+        for i, (name, score, hidden) in enumerate([("softmax", 1 / 3, False), ("causal_mask", 2 / 3, True)])
+    ]
+    result = SubmissionResult("ada", [StageResult(STAGE, f"{STAGE}.py", tests, [])])
+    log = instructor_log(result, Path("/autograder/submission"), {STAGE: "no store"})
+    assert f"graded /autograder/submission on {STAGE}: 1/2\n" in log
+    assert "\n== 1.1 01_attention · softmax · float64: 0.33/1\n" in log
+    assert "\n== 1.2 01_attention · causal_mask · float64: 0.67/1\n" in log
+    assert "0.333" not in log and "0.666" not in log and "0.667" not in log
+    assert f"{STAGE}: expected values computed here, not read from the zip's store (no store)" in log
+    assert "wrong values" in log  # the hidden case's message: instructors see it in full

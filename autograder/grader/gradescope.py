@@ -27,6 +27,7 @@ everything, per case, in the autograder's stdout.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -262,6 +263,33 @@ def _student_name(root: Path) -> str:
         return "submission"
 
 
+def instructor_log(result: SubmissionResult, submission: Path, recomputed: dict[str, str]) -> str:
+    """What ``run_autograder`` prints: Gradescope hides stdout from students, so this is the
+    instructors' full view (every case, hidden ones included), scores as the table shows them."""
+    from rich.console import Console
+
+    from autograder.grader.report import test_table, to_gradescope
+    from autograder.runtime.results import points
+
+    lines = [
+        f"bertlab from {PROJECT}",
+        f"graded {submission} on {', '.join(s.stage for s in result.stages)}: "
+        f"{points(result.score)}/{points(result.max_score)}",
+    ]
+    for stage, why in sorted(recomputed.items()):  # slower, never wrong: setup.sh fixes it
+        lines.append(f"{stage}: expected values computed here, not read from the zip's store ({why})")
+    full = to_gradescope(result)
+    lines.append(full["output"])
+    for entry in full["tests"]:
+        score = f"{points(entry['score'])}/{points(entry['max_score'])}"
+        lines.append(f"\n== {entry['number']} {entry['name']}: {score}")
+        lines.append(entry["output"])
+    table = io.StringIO()
+    Console(width=160, file=table).print(test_table(result))
+    lines.append(table.getvalue())
+    return "\n".join(lines)
+
+
 def run(root: Path) -> int:
     """Grade ``root/submission`` into ``root/results/results.json``. Returns 0 when a valid
     results file was written (a grader fault included), 1 when not even that worked."""
@@ -288,24 +316,10 @@ def run(root: Path) -> int:
         with open_grader(config.get("device", "cpu"), None, SUBMISSION_S, server=server) as grader:
             # the stages side by side, each in its own child, on the container's cores
             result = grader.grade(submission, stages, student=_student_name(root), workers=default_workers())
-        from autograder.grader.report import test_table, to_gradescope
-
         data = student_view(result)
         data["execution_time"] = round(time.monotonic() - t0, 3)
         write_json(data, results)
-        # stdout is hidden from students: the instructor's full view, per case
-        print(f"bertlab from {PROJECT}")
-        print(f"graded {submission} on {', '.join(stages)}: {result.score:g}/{result.max_score:g}")
-        for stage, why in sorted(grader.recomputed.items()):  # slower, never wrong: setup.sh fixes it
-            print(f"{stage}: expected values computed here, not read from the zip's store ({why})")
-        full = to_gradescope(result)
-        print(full["output"])
-        for entry in full["tests"]:
-            print(f"\n== {entry['number']} {entry['name']}: {entry['score']:g}/{entry['max_score']:g}")
-            print(entry["output"])
-        from rich.console import Console
-
-        Console(width=160).print(test_table(result))
+        print(instructor_log(result, submission, grader.recomputed), end="")
         return 0
     except BaseException:  # a grader fault (or a kill by Gradescope's timeout): say so, score 0
         print("bertlab: the autograder failed:", flush=True)
