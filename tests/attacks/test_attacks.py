@@ -34,33 +34,71 @@ import os
 import re
 import secrets
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.support import ROOT, assert_gradescope_results, full_marks, max_score, once_per_session
 
-pytestmark = pytest.mark.stage01
-STAGE = "01_attention"
+pytestmark = [pytest.mark.stage01, pytest.mark.stage10, pytest.mark.stage11]
+STAGE = "01_attention"  # the second run's stage (hostile names, two graders side by side)
 HERE = Path(__file__).resolve().parent
 SUBMISSIONS = HERE / "submissions"
-BYSTANDERS = ("bystander_a", "bystander_b")  # honest; graded first and last
-CALL_TIMEOUT = "2"
+HONEST = ROOT / "examples" / "class" / "ada_correct_matmul"  # a correct file of every stage
 CLI_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """How the suite grades one stage's attacks: one CLI run, between two honest bystanders
+    (graded first and last). A bystander is a folder under ``bystanders/``, or, for the later
+    stages, the example class's correct files with the stage's solution notebook in place of
+    its own (``SOLUTION``), so that both a .py file and a notebook are graded beside the
+    attacks. ``call_timeout``: the CLI's per-call limit, the cost of each hang."""
+
+    bystanders: tuple[str, str]
+    call_timeout: str
+    uses: tuple[str, ...] = ()  # earlier stages an attack that lacks them gets from HONEST
+
+
+SOLUTION = "_solution"  # a bystander name's suffix: the stage's solution notebook
+STAGES = {
+    "01_attention": StageRun(("bystander_a", "bystander_b"), "2"),
+    "10_gpt": StageRun(("bystander_10", "bystander_10" + SOLUTION), "3", ("01_attention", "02_multihead")),
+    "11_transfer": StageRun(
+        ("bystander_11", "bystander_11" + SOLUTION),
+        "6",  # MiniLM's forwards, four graders at once on two cores
+        ("01_attention", "02_multihead", "06_transformer_block", "09_mini_bert"),
+    ),
+}
+BYSTANDERS = tuple(b for run in STAGES.values() for b in run.bystanders)
+CALL_TIMEOUT = STAGES[STAGE].call_timeout
 
 FULL = full_marks("01_attention")  # every graded name with all of its points
 ZERO = dict.fromkeys(FULL, 0)
 
 
-def zero(*names: str) -> dict[str, int]:
-    """Full marks except ``names``, which score 0."""
-    return {**FULL, **dict.fromkeys(names, 0)}
+def zero(*names: str, stage: str = "01_attention") -> dict[str, int]:
+    """Full marks of ``stage`` except ``names``, which score 0."""
+    full = full_marks(stage)
+    assert set(names) <= set(full), names
+    return {**full, **dict.fromkeys(names, 0)}
+
+
+def gpt(*names: str) -> dict[str, int]:
+    return zero(*names, stage="10_gpt")
+
+
+def transfer(*names: str) -> dict[str, int]:
+    return zero(*names, stage="11_transfer")
 
 
 # attack -> expected points per graded name (README.md: class, defence, assertions)
@@ -128,6 +166,20 @@ EXPECTED: dict[str, dict[str, int]] = {
     # the trusted grader's own bounds
     "protocol_patch_modules": FULL,
     "flood_forged_reports": FULL,
+    # stage 10 (GPT): its drivers' records, its own earlier stages, what it returns
+    "gpt_fake_cache_calls": gpt("greedy_decode"),
+    "gpt_patch_driver_record": gpt("greedy_decode"),
+    "gpt_sample_patch_rng": {**gpt(), "sample": 0.3333},  # top_k=1 draws nothing: 1 case of 3
+    "gpt_export_lying_dict": gpt("to_gpt2_state_dict"),
+    "gpt_huge_return": gpt("sample"),
+    "gpt_hostile_earlier_stage": gpt(),
+    "gpt_earlier_stage_symlink": dict.fromkeys(full_marks("10_gpt"), 0),
+    "gpt_load_stage_hunt": gpt("filter_logits"),
+    # stage 11 (transfer): the pretrained weights, what its drivers take from the student
+    "transfer_weights_neighbours": transfer("param_groups"),
+    "transfer_tamper_checkpoint": transfer(),
+    "transfer_hostile_returns": transfer("param_groups", "linear_schedule_with_warmup", "align_labels"),
+    "transfer_patch_optimizer": transfer("param_groups", "linear_schedule_with_warmup"),
 }
 
 # Hostile student names for the second CLI run (copies of traversal_names/01_attention.py).
@@ -139,11 +191,25 @@ HOSTILE_DIRS = ("evil\x1b[2J\x1b]0;pwned\x07", "[bold red]markup line\nbreak")
 # Text that must never reach a results file or the CLI's output.
 PASSWD_LINE = "root:x:0:0"  # /etc/passwd through symlink_to_system_file
 REFERENCE_TEXT = 'Vaswani et al., "Attention Is All You Need"'  # the reference's docstring
+REFERENCE_TEXTS = (  # 01's, 10's and 11's references' docstrings
+    REFERENCE_TEXT,
+    'Radford et al., "Language Models are Unsupervised Multitask Learners"',
+    'Devlin et al., "BERT: Pre-training of Deep Bidirectional Transformers',
+)
 
 
 # Graded last (then bystander_b): on a grader they can take down, the other attacks still
 # get their results, which keeps the failures readable.
 LAST = ("forge_markup", "forge_event_bomb", "kill_parent", "signal_ancestors")
+
+
+def stage_of(attack: str) -> str:
+    """The stage an attack is graded on: the latest stage whose file its folder holds (an
+    attack on a later stage may hand in a hostile earlier one beside it)."""
+    stems = {f.name.split(".")[0] for f in (SUBMISSIONS / attack).iterdir()}
+    for line in (SUBMISSIONS / attack / "LINK").read_text().splitlines() if "LINK" in stems else ():
+        stems.add(line.split(" -> ")[0].split(".")[0])  # a linked stage file or folder
+    return max(s for s in STAGES if s in stems)
 
 
 def _selected() -> list[str]:
@@ -161,8 +227,11 @@ def _fill(text: str, subst: dict[str, str]) -> str:
     return text
 
 
-def _materialize(src: Path, dest: Path, subst: dict[str, str]) -> None:
-    """Copy a submission with placeholders filled in and its LINK lines made real links."""
+def _materialize(src: Path, dest: Path, subst: dict[str, str], uses: tuple[str, ...] = ()) -> None:
+    """Copy a submission with placeholders filled in and its LINK lines made real links.
+    A line ``# __HONEST__`` stands for the example class's correct file of the same stage
+    (the attack's own definitions, after it, replace the names it attacks); an earlier stage
+    in ``uses`` that the submission does not hold is the example class's correct file."""
     dest.mkdir(parents=True)
     for f in sorted(src.iterdir()):
         if not f.is_file():
@@ -173,7 +242,29 @@ def _materialize(src: Path, dest: Path, subst: dict[str, str]) -> None:
                     link, target = line.split(" -> ", 1)
                     os.symlink(_fill(target.strip(), subst), dest / link.strip())
         else:
-            (dest / f.name).write_text(_fill(f.read_text(), subst))
+            text = f.read_text()
+            if "\n# __HONEST__\n" in text:
+                text = text.replace("\n# __HONEST__\n", "\n" + (HONEST / f.name).read_text())
+            (dest / f.name).write_text(_fill(text, subst))
+    for stage in uses:
+        if not any(os.path.lexists(dest / f"{stage}{ext}") for ext in (".py", ".ipynb")):
+            shutil.copyfile(HONEST / f"{stage}.py", dest / f"{stage}.py")
+
+
+def _bystander(name: str, stage: str, dest: Path, subst: dict[str, str]) -> None:
+    """An honest student: a folder of ``bystanders/``, or the example class's correct files
+    of the stage and those it uses (the solution notebook in place of the stage's file for a
+    name ending in ``SOLUTION``)."""
+    if (HERE / "bystanders" / name).is_dir():
+        _materialize(HERE / "bystanders" / name, dest, subst)
+        return
+    dest.mkdir(parents=True)
+    for s in STAGES[stage].uses:
+        shutil.copyfile(HONEST / f"{s}.py", dest / f"{s}.py")
+    if name.endswith(SOLUTION):
+        shutil.copyfile(ROOT / "solutions" / stage / f"{stage}.ipynb", dest / f"{stage}.ipynb")
+    else:
+        shutil.copyfile(HONEST / f"{stage}.py", dest / f"{stage}.py")
 
 
 def _digest(path: Path) -> str | None:
@@ -398,17 +489,24 @@ def _run_all(base: Path) -> dict:
         "__SUBS__": str(subs),
     }
     attacks = _selected()
-    students = [BYSTANDERS[0], *attacks, BYSTANDERS[1]]
-    for name in students:
-        src = HERE / "bystanders" / name if name in BYSTANDERS else SUBMISSIONS / name
-        _materialize(src, subs / name, subst)
+    # one CLI run per stage, all at once: its bystanders first and last, its attacks between
+    order: dict[str, list[str]] = {}
+    for stage, spec in STAGES.items():
+        mine = [a for a in attacks if stage_of(a) == stage]
+        if mine or stage == STAGE:
+            order[stage] = [spec.bystanders[0], *mine, spec.bystanders[1]]
+            for name in mine:
+                _materialize(SUBMISSIONS / name, subs / name, subst, spec.uses)
+            for name in spec.bystanders:
+                _bystander(name, stage, subs / name, subst)
+    students = [s for names in order.values() for s in names]
 
     # The second run, at the same time: first a copy of the slow bystander (so that each
     # run is grading a student while the other finishes its first ones: two graders must
     # not disturb each other's children), then an honest file under hostile names.
     names_dir = base / "names"
     names_out = names_dir / "results"
-    _materialize(HERE / "bystanders" / BYSTANDERS[0], names_dir / CONCURRENT, subst)
+    _materialize(HERE / "bystanders" / STAGES[STAGE].bystanders[0], names_dir / CONCURRENT, subst)
     honest = (SUBMISSIONS / "traversal_names" / f"{STAGE}.py").read_text()
     (names_dir / "files").mkdir(parents=True)
     hostile = [names_dir / CONCURRENT, names_dir / "files" / HOSTILE_FILE]
@@ -423,10 +521,18 @@ def _run_all(base: Path) -> dict:
     common = ["--stage", STAGE, "--call-timeout", CALL_TIMEOUT]
     t0 = time.monotonic()
     try:
-        batch = _cli([*(str(subs / s) for s in students), *common, "--results-dir", str(out)], env)
+        batches = {
+            stage: _cli(
+                [*(str(subs / s) for s in names), "--stage", stage, "--results-dir", str(out)]
+                + ["--call-timeout", STAGES[stage].call_timeout],
+                env,
+            )
+            for stage, names in order.items()
+        }
         names = _cli([*map(str, hostile), *common, "--results-dir", str(names_out)], env)
         deadline = t0 + CLI_TIMEOUT
-        runs = {"batch": _finish(batch, deadline), "names": _finish(names, deadline)}
+        finished = {stage: _finish(proc, deadline) for stage, proc in batches.items()}
+        runs = {"batch": finished[STAGE], "batches": finished, "names": _finish(names, deadline)}
         elapsed = time.monotonic() - t0
         time.sleep(1.5)  # anything that outlived its child gets the time to show itself
         results = {
@@ -455,6 +561,7 @@ def _run_all(base: Path) -> dict:
         "secret": secret,
         "attacks": attacks,
         "students": students,
+        "order": order,
         "elapsed": elapsed,
         **runs,
         "results": results,
@@ -497,8 +604,9 @@ def text_of(result: dict) -> str:
     return json.dumps(result, ensure_ascii=False)
 
 
-def _batch_failure(run: dict) -> str:
-    return f"CLI rc={run['batch']['rc']}; stderr tail: {run['batch']['stderr'][-1500:]}"
+def _batch_failure(run: dict, stage: str = STAGE) -> str:
+    batch = run["batches"][stage]
+    return f"{stage} CLI rc={batch['rc']}; stderr tail: {batch['stderr'][-1500:]}"
 
 
 # -- per attack ---------------------------------------------------------------------------
@@ -546,9 +654,22 @@ def _flags_absent(*flags: str):
     return check
 
 
+def _flags_present(*flags: str):
+    """The attack printed each of ``flags``: the probe it stands on worked."""
+
+    def check(run: dict, attack: str) -> None:
+        text = text_of(run["results"][attack])
+        for flag in flags:
+            assert flag in text, f"{attack} never printed {flag}: the probe is broken"
+
+    return check
+
+
 def _extra_grader_survived(run: dict, attack: str) -> None:
-    assert run["batch"]["rc"] == 0, _batch_failure(run)
-    assert BYSTANDERS[1] in run["results"], "the student graded after the attack got no results"
+    stage = stage_of(attack)
+    assert run["batches"][stage]["rc"] == 0, _batch_failure(run, stage)
+    last = STAGES[stage].bystanders[1]
+    assert last in run["results"], "the student graded after the attack got no results"
 
 
 def _extra_sentinels(run: dict, attack: str) -> None:
@@ -563,7 +684,8 @@ def _extra_no_passwd(run: dict, attack: str) -> None:
 
 def _extra_no_reference_text(run: dict, attack: str) -> None:
     for student, result in run["results"].items():
-        assert REFERENCE_TEXT not in text_of(result), student
+        for text in REFERENCE_TEXTS:
+            assert text not in text_of(result), student
 
 
 def _softmax_fingerprints(token: str) -> dict[str, set[str]]:
@@ -617,15 +739,23 @@ EXTRA = {
     "symlink_dir_to_reference": [_extra_no_reference_text],
     "leak_hidden_inputs": [_extra_no_hidden_input],
     "flood_forged_reports": [_extra_grader_survived],
+    "gpt_huge_return": [_extra_grader_survived],
+    "gpt_hostile_earlier_stage": [_extra_no_reference_text, _extra_sentinels],
+    "gpt_earlier_stage_symlink": [_extra_no_reference_text],
+    "gpt_load_stage_hunt": [_extra_no_reference_text],
+    "transfer_weights_neighbours": [_flags_present("MINILM-DIR-READ"), _extra_no_reference_text],
+    "transfer_tamper_checkpoint": [_flags_absent("CHECKPOINT-WRITTEN")],
 }
 
 
 # Forbidden-call detection runs in the student's own process, so code that hunts down the
 # guard (gc) or impersonates the child's reporting can undo it: an honesty check, not a
-# security boundary (README, "Security model"). These stay strict xfails: if the design
-# closes them, the suite says so.
+# security boundary (README, "Security model"). So do the drivers' records of how a result
+# was computed (10's cache and generator outputs): code beside them can rewrite them. These
+# stay strict xfails: if the design closes them, the suite says so.
 IN_PROCESS_LIMITS = {
     "forbidden_close_guard": "destroys the kernel guard found through gc before calling torch.softmax",
+    "gpt_patch_driver_record": "rewrites the greedy driver's record (sys.modules) before greedy_decode runs",
 }
 
 
@@ -642,9 +772,10 @@ def test_attack(run, attack):
     if attack not in run["attacks"]:
         pytest.skip("not selected by BERTLAB_ATTACKS")
     result = run["results"].get(attack)
-    assert result is not None, f"no results file for {attack}: {_batch_failure(run)}"
+    stage = stage_of(attack)
+    assert result is not None, f"no results file for {attack}: {_batch_failure(run, stage)}"
     assert "unreadable" not in result, result
-    assert_gradescope_results(result)
+    assert_gradescope_results(result, stage, stage)
     _no_forged_or_injected(run, result)
     got = by_function(result)
     assert got == EXPECTED[attack], (
@@ -667,28 +798,33 @@ def test_the_suite_has_every_attack_documented():
     for name in dirs:
         files = [f for f in (SUBMISSIONS / name).iterdir() if f.is_file()]
         assert files, name
-        assert f"ATTACK {name} (class:" in files[0].read_text(), f"{name}: intent not documented"
-        assert "Expected:" in files[0].read_text(), f"{name}: expected outcome not documented"
+        graded = [f for f in files if f.name.split(".")[0] == stage_of(name)] or files
+        assert f"ATTACK {name} (class:" in graded[0].read_text(), f"{name}: intent not documented"
+        assert "Expected:" in graded[0].read_text(), f"{name}: expected outcome not documented"
 
 
 def test_the_grader_exits_normally_with_every_results_file(run):
-    batch = run["batch"]
-    assert batch["rc"] == 0, _batch_failure(run)
-    assert "internal error" not in batch["stdout"] + batch["stderr"]
-    assert "Traceback" not in batch["stderr"]
+    for stage, batch in run["batches"].items():
+        assert batch["rc"] == 0, _batch_failure(run, stage)
+        assert "internal error" not in batch["stdout"] + batch["stderr"], stage
+        assert "Traceback" not in batch["stderr"], stage
     assert set(run["results"]) == set(run["students"])
-    for student, result in run["results"].items():
-        assert "unreadable" not in result, (student, result)
-        assert_gradescope_results(result)
+    for stage, students in run["order"].items():
+        for student in students:
+            assert "unreadable" not in run["results"][student], (student, run["results"][student])
+            assert_gradescope_results(run["results"][student], stage, stage)
 
 
-def test_bystanders_are_graded_as_usual(run):
-    for student in BYSTANDERS:
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_bystanders_are_graded_as_usual(run, stage):
+    if stage not in run["order"]:
+        pytest.skip("no attack on this stage selected by BERTLAB_ATTACKS")
+    for student in STAGES[stage].bystanders:
         result = run["results"].get(student)
-        assert result is not None, f"no results for {student}: {_batch_failure(run)}"
+        assert result is not None, f"no results for {student}: {_batch_failure(run, stage)}"
         assert "unreadable" not in result, result
-        assert_gradescope_results(result)
-        assert by_function(result) == FULL, f"{student}:\n{failures(result)}"
+        assert_gradescope_results(result, stage, stage)
+        assert by_function(result) == full_marks(stage), f"{student}:\n{failures(result)}"
         assert "FORGED-" not in text_of(result) and "INJECTED-" not in text_of(result)
         assert "your code printed" not in result["output"], f"someone else's output reached {student}"
 
@@ -715,7 +851,8 @@ def test_the_secret_reaches_no_output(run):
     for where, text in run["out_text"].items():
         assert secret not in text, where
     for stream in ("stdout", "stderr"):
-        assert secret not in run["batch"][stream]
+        for batch in run["batches"].values():
+            assert secret not in batch[stream]
         assert secret not in run["names"][stream]
 
 

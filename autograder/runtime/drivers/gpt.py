@@ -144,22 +144,40 @@ def export(ns: dict[str, Any], data: dict[str, Any], device: str, watch: Any = N
 
 
 class _Calls:
-    """Records each call of ``model(...)``: (new positions T, cached positions L_past)."""
+    """Records each call of ``model(...)``: (new positions T, cached positions L_past), with
+    L_past -1 for a past that is not the ``present`` the model returned the call before: a
+    record of lengths alone is satisfied by a decoy past of the right size, handed to the
+    model beside an uncached computation that no hook sees (``model.forward``)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.seen: list[tuple[int, int]] = []
-        self._handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
+        self._present: Any = None  # the last call's present, the only past the next may pass
+        self._handles = (
+            model.register_forward_pre_hook(self._record, with_kwargs=True),
+            model.register_forward_hook(self._returned),
+        )
 
     def _record(self, module: Any, args: tuple, kwargs: dict) -> None:
         ids = args[0] if args else kwargs.get("input_ids")
         past = args[1] if len(args) > 1 else kwargs.get("past")
         length = int(ids.shape[1]) if isinstance(ids, Tensor) and ids.dim() == 2 else -1
-        self.seen.append((length, int(past.shape[-2]) if isinstance(past, Tensor) and past.dim() else 0))
+        cached = 0
+        if isinstance(past, Tensor) and past.dim():
+            given = self._present
+            same = given is past or (
+                type(given) is Tensor and given.shape == past.shape and torch.equal(given, past)
+            )
+            cached = int(past.shape[-2]) if same else -1
+        self.seen.append((length, cached))
+
+    def _returned(self, module: Any, args: tuple, output: Any) -> None:
+        self._present = output[1] if isinstance(output, tuple | list) and len(output) == 2 else None
 
     def cached(self, prompt: int, max_new_tokens: int, device: str) -> Tensor:
         """1 when the prompt went through once, without a past, then each new token alone
         with the past of every token before it (a last call on the last token allowed)."""
-        self._handle.remove()
+        for handle in self._handles:
+            handle.remove()
         expected = [(prompt, 0)] + [(1, prompt + i) for i in range(max_new_tokens)]
         n = len(self.seen)
         ok = max_new_tokens <= n <= max_new_tokens + 1 and self.seen == expected[:n]
