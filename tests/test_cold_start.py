@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -209,6 +211,48 @@ def test_a_cold_grade_asks_the_server_for_its_extras_before_it_plans(tmp_path, m
         assert grader.server._warmed == {"driver:bert"}
         grader.warm_for([(tmp_path / "plain", STAGE), (plots, STAGE)], files=1)  # only the first read
         assert "matplotlib" not in grader.server._warmed
+
+
+# What a command does before torch loads, in a fresh interpreter (this one has torch).
+BEFORE_TORCH = """
+import json, sys
+from pathlib import Path
+from autograder.grader.options import launch_for
+from autograder.runtime.load import load_source
+launched = launch_for([Path(p) for p in sys.argv[1:]], None)
+plain = load_source(Path("solutions/01_attention/01_attention.ipynb"), "01_attention")
+print(json.dumps({
+    "warmed": sorted(launched.warmed) if launched else None,
+    "torch": "torch" in sys.modules,
+    "IPython": "IPython" in sys.modules,
+}))
+if launched:
+    launched.close()
+"""
+
+
+def _before_torch(*submissions: Path) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", BEFORE_TORCH, *map(str, submissions)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_cold_grade_asks_for_matplotlib_before_torch_loads(tmp_path):
+    # the fork server loads it right after its own torch, not once this process, ready
+    # later, asks; a notebook without IPython syntax is read without importing IPython
+    code = (EXAMPLES / "ada_correct_matmul" / f"{STAGE}.py").read_text()
+    plots = write_py(tmp_path / "plots", STAGE, "import matplotlib.pyplot as plt\n" + code)
+    plain = write_py(tmp_path / "plain", STAGE, code)
+    assert _before_torch(plots) == {"warmed": ["matplotlib"], "torch": False, "IPython": False}
+    assert _before_torch(plain) == {"warmed": [], "torch": False, "IPython": False}
+    (tmp_path / "empty").mkdir()
+    assert _before_torch(tmp_path / "empty")["warmed"] is None  # nothing runs: no server
 
 
 def test_a_class_already_graded_starts_and_ends_quietly(tmp_path):

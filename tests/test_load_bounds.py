@@ -344,6 +344,8 @@ def _cells_with_ipython_syntax() -> list[str]:
         "x = (\n%time x", "x = )\n%time y", "x = 1\r\n%time y\r\n", "%time x\x0cy = 1", "ｘ = 1\n%time ｘ",
         "#!shebang\n%time x", "x = {'a': 1,\n 'b': %time}\n", "    if True:\n        %time x",
         "x = f'{1}'\n%time y", "x = b'\\''\n%time y", "x = r'\\'\n%time y", "[nav] In [3]: x = 1",
+        "x = 1\n\n%time y", "import math\n\nx = !ls", "x = 1\n\n>>> y = 2", "x = 1\n\n...: %time y",
+        "x = 1\n\nIn [2]: %time y", "x = 1\n\n    %time y\n",
     ]  # fmt: skip
 
 

@@ -520,10 +520,7 @@ def run(
     a caller interrupted midway still holds those of the grades already stored.
     ``dry_run``: grade and compare, store nothing (``book`` may be read-only).
     ``in_flight``: told as each student's grading starts and ends (the progress display's)."""
-    import torch
-
-    from autograder.grader.grade import Grader
-    from autograder.grader.runner import Limits
+    from autograder.grader.launch import plot_extras, warm_early
 
     done = {} if regrade else book.done()
     todo = [u for u in units if done.get((u.student, u.stage)) != u.fingerprint]
@@ -533,6 +530,13 @@ def run(
         progress(0, len(todo))
     if not todo:
         return report
+    # before torch loads here: the CLI's early server loads matplotlib right after torch
+    warm_early(plot_extras([(u.submission, u.stage) for u in todo]))
+    import torch
+
+    from autograder.grader.grade import Grader
+    from autograder.grader.runner import Limits
+
     threads = torch.get_num_threads()
     # The cores are the workers' (and their children's): torch's own thread pool in this
     # process would oversubscribe them (two threads on two busy cores made comparisons 25x slower).

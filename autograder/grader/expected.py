@@ -98,6 +98,7 @@ def _digest_files(paths: tuple[Path, ...]) -> str:
     return h.hexdigest()
 
 
+@cache  # read from the installation's metadata files: once per process, not per stage
 def _version(package: str) -> str:
     try:
         return metadata.version(package)
@@ -167,8 +168,9 @@ def save(plan: StagePlan, directory: Path) -> Path:
     return target
 
 
-def _stored(spec: StageSpec, device: str, directory: Path) -> tuple[dict[int, list[Tensor]], dict] | str:
-    """The file's values by case index and its metadata, or why they cannot be used."""
+def _stored(spec: StageSpec, wanted: str, directory: Path) -> tuple[dict[int, list[Tensor]], dict] | str:
+    """The file's values by case index and its metadata, or why they cannot be used (its key
+    is not ``wanted``, this checkout's)."""
     path = path_for(directory, spec.id)
     if not path.is_file():
         return f"no {path}"
@@ -177,7 +179,7 @@ def _stored(spec: StageSpec, device: str, directory: Path) -> tuple[dict[int, li
             meta = json.loads((f.metadata() or {}).get(META, "{}"))
             if meta.get("format") != FORMAT or meta.get("stage") != spec.id:
                 return f"{path} is not a store file of {spec.id} (format {FORMAT})"
-            if meta.get("key") != key(spec, device):
+            if meta.get("key") != wanted:
                 return f"{path} was computed from other code, libraries or machine"
             counts = meta["outputs"]
             values = {i: [f.get_tensor(f"{i}.{j}") for j in range(n)] for i, n in enumerate(counts)}
@@ -189,9 +191,10 @@ def _stored(spec: StageSpec, device: str, directory: Path) -> tuple[dict[int, li
 def plan(spec: StageSpec, device: str, directory: Path | None) -> tuple[StagePlan, str | None]:
     """``spec``'s plan, its expected values read from ``directory`` when it holds fresh
     ones, else computed; and why they were computed (None when read)."""
-    if directory is None or key(spec, device) is None:
+    wanted = None if directory is None else key(spec, device)
+    if directory is None or wanted is None:
         return StagePlan.build(spec, device), None
-    found = _stored(spec, device, directory)
+    found = _stored(spec, wanted, directory)
     if isinstance(found, str):
         return StagePlan.build(spec, device), found
     values, meta = found

@@ -9,7 +9,6 @@ which earlier stages a failing stage runs, and which of them lose points too.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import re
 import sys
 import threading
 import time
@@ -21,7 +20,7 @@ import torch
 
 from autograder.grader import expected
 from autograder.grader.counterexample import Counterexamples
-from autograder.grader.launch import Launched
+from autograder.grader.launch import PLOTS, Launched, plot_extras
 from autograder.grader.plan import StagePlan
 from autograder.grader.runner import (
     ForkServer,
@@ -36,10 +35,6 @@ from autograder.runtime.submission import Submission
 from autograder.sandbox.forkserver import DRIVER_PREFIX
 from autograder.stages import load_spec, requires
 from autograder.stages.spec import StageSpec
-
-# A graded cell that imports matplotlib (most notebooks import it only in demo cells, which
-# grading skips): the fork server loads it once for every child, not each child for itself.
-PLOTS = re.compile(r"\b(matplotlib|pylab)\b")
 
 
 class Grader:
@@ -123,17 +118,10 @@ class Grader:
         first ``files`` files are read for a plot (a class of thousands is not read twice
         before it starts); ``grade_stage`` asks again for what each child needs, so a file
         left unread, or one that cannot be read, only starts later."""
-        extras: set[str] = set()
+        # (already asked before torch loaded, by the command that launched the server: not read again)
+        extras = set() if "matplotlib" in self.server._warmed else plot_extras(units, files)
         for stage in {stage for _, stage in units}:
             extras |= _driver_extras(load_spec(stage))
-        for submission, stage in units[:files]:
-            try:
-                path = Submission(submission).file(stage)
-                if path is not None and any(PLOTS.search(text) for _, text in load_source(path, stage).cells):
-                    extras.add("matplotlib")
-                    break
-            except LoadError:
-                pass
         self.server.warm(extras)
 
     def close(self) -> None:
@@ -238,15 +226,14 @@ class Grader:
     ) -> SubmissionResult:
         """Grade ``stages`` of one submission, up to ``workers`` stages at a time (each in
         its own child; batch grades students side by side instead, with ``workers=1``)."""
-        # Start-up is per run, not per student: the expected values and the server's warm-up
-        # are ready before the clock starts (the plans first: the server warms up meanwhile).
-        # A stage without a file runs nothing and needs neither: an empty submission starts
-        # no server and runs no reference.
+        # A stage without a file runs nothing: an empty submission starts no server and
+        # runs no reference. A sandbox that cannot run student code fails here, before any
+        # stage. Each stage's expected values are read (``plan``) where it is graded, not
+        # all of them first: in a cold grade of several stages side by side, one stage's
+        # child runs while the next stage's values load (batch's ``prepare`` planned its own).
         held = [s for s in stages if Submission(submission).holds(s)]
         if held and self._server is None:  # a cold start (batch's ``prepare`` warmed its own)
             self.warm_for([(submission, s) for s in held])
-        for s in held:
-            self.plan(s)
         if held:
             self.server.wait_ready()
         t0 = time.monotonic()

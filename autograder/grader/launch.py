@@ -15,11 +15,14 @@ One that nothing adopts (a usage error, a submission with nothing to run) is kil
 from __future__ import annotations
 
 import atexit
+import json
+import re
 import socket
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -30,6 +33,17 @@ class Launched:
 
     proc: subprocess.Popen
     sock: socket.socket
+    warmed: set[str] = field(default_factory=set)  # extras asked of it (``warm``)
+
+    def warm(self, extras: Iterable[str]) -> None:
+        """Ask the server for ``extras`` (``forkserver.EXTRAS``) now, before this process
+        imports torch: it loads them as soon as its own imports are done, instead of when
+        this process, ready later, would ask (``ForkServer.warm``, which asks only for what
+        is not asked here)."""
+        new = sorted(set(extras) - self.warmed)
+        if new:
+            self.warmed.update(new)
+            self.sock.send(json.dumps({"warm": new}).encode())
 
     def close(self) -> None:
         """For a launch that no ``ForkServer`` adopts (a usage error after it): nothing
@@ -95,6 +109,35 @@ def adopt() -> Launched | None:
     global _early
     launched, _early = _early, None
     return launched
+
+
+def warm_early(extras: Iterable[str]) -> None:
+    """``Launched.warm`` of the server ``early()`` launched, if one is waiting to be adopted."""
+    if _early is not None:
+        _early.warm(extras)
+
+
+# A graded cell that imports matplotlib (most notebooks import it only in demo cells, which
+# grading skips): the fork server loads it once for every child, not each child for itself.
+PLOTS = re.compile(r"\b(matplotlib|pylab)\b")
+
+
+def plot_extras(units: Iterable[tuple[Path, str]], files: int = 12) -> set[str]:
+    """``{"matplotlib"}`` if a graded cell of the first ``files`` files of ``units``
+    (submission, stage) imports it, else nothing: found without torch (or IPython), so that
+    a command asks for it as soon as it knows its submissions. A file that cannot be read
+    asks for nothing (its grade says why)."""
+    from autograder.runtime.load import LoadError, load_source
+    from autograder.runtime.submission import Submission
+
+    for submission, stage in list(units)[:files]:
+        try:
+            path = Submission(submission).file(stage)
+            if path is not None and any(PLOTS.search(text) for _, text in load_source(path, stage).cells):
+                return {"matplotlib"}
+        except LoadError:
+            pass
+    return set()
 
 
 def discard() -> None:

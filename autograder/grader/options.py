@@ -117,17 +117,19 @@ def open_grader(
 def launch_for(submissions: list[Path], stages: list[str] | None) -> Launched | None:
     """The fork server (``grader/launch.py``: the one ``cli.main`` launched early, else one
     launched now), if any of ``submissions`` holds a file of a stage it will be graded on:
-    it imports torch while this process does. None when nothing will run: an empty
-    submission needs no server at all (an early one is killed)."""
-    from autograder.grader.launch import adopt, discard, launch
+    it imports torch while this process does, and is asked now for matplotlib if a graded
+    cell imports it (``launch.plot_extras``), so it loads that right after torch. None when
+    nothing will run: an empty submission needs no server at all (an early one is killed)."""
+    from autograder.grader.launch import adopt, discard, launch, plot_extras
     from autograder.runtime.submission import Submission
     from autograder.stages import stage_ids
 
     known = stage_ids()
-    for path in submissions:
-        handed_in = Submission(path)
-        if any(handed_in.holds(s) for s in handed_in.stages(known, stages)):
-            return adopt() or launch()
+    units = [(path, s) for path in submissions for s in Submission(path).stages(known, stages)]
+    if any(Submission(path).holds(s) for path, s in units):
+        launched = adopt() or launch()
+        launched.warm(plot_extras(units))
+        return launched
     discard()
     return None
 

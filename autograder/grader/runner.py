@@ -143,7 +143,7 @@ class ForkServer:
         self._lock = threading.Lock()
         self._next = 0
         self._waiting: dict[int, Queue] = {}
-        self._warmed: set[str] = set()  # extras asked of the server (``warm``)
+        self._warmed = set(launched.warmed)  # extras asked of the server (``warm``)
         self._ready = threading.Event()
         self._gone = False
         self._checking = threading.RLock()  # reentrant: the self-test's own fork comes back here

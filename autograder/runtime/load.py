@@ -763,7 +763,8 @@ def _needs_cleanup(src: str) -> bool:
     head = src[:200].split("\n", 2)
     return (
         not _PLAIN_START.match(src)
-        or any(_PLAIN_START.match(line) is None for line in head[1:2])
+        # a prompt on the second line strips the cell's prompts; an empty line is no prompt
+        or any(line and _PLAIN_START.match(line) is None for line in head[1:2])
         or ">>>" in src
         or _LINE_BREAKS.search(src) is not None
         or _INDENTED_BLANK.search(src) is not None
@@ -800,13 +801,14 @@ def _ipython_transformer():
 
 def _to_python(src: str, budget: _Budget) -> str:
     """IPython's input transformation of one cell: magics, ``!`` and ``?`` lines become
-    ``get_ipython()`` calls, as ``TransformerManager.transform_cell`` makes them."""
-    it = _ipython_transformer()
-
+    ``get_ipython()`` calls, as ``TransformerManager.transform_cell`` makes them. A plain
+    cell needs no IPython at all: a notebook without its syntax never imports it (a tenth of a
+    second or more of a cold grade)."""
     if not src.endswith("\n"):
         src += "\n"
     text = src
     if _needs_cleanup(src):  # else IPython's clean-up leaves the cell as it is, and costs lists
+        it = _ipython_transformer()
         lines = it.leading_indent(it.leading_empty_lines(src.splitlines(keepends=True)))
         if ">>>" in src and max(map(len, lines), default=0) <= PROMPT_LINE_MAX:
             lines = it.classic_prompt(lines)
