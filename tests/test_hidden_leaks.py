@@ -12,6 +12,12 @@ writes, the HTML feedback, the batch's CSV, and the results.json of the real Gra
 ``run_autograder``. The fingerprints of *public* inputs must be found (the channels work,
 so this test can fail); those of hidden inputs, hidden expected values and hidden case
 labels must not be. The instructor's view must still hold the hidden ones.
+
+Stages 10 and 11 (issue 21) are searched the same way: their leaky submissions are the
+example class's correct files with every graded name that receives inputs wrapped to leak
+them first, through the same channels: 10's prompts, generator seeds and model weights
+(each tensor of the model it is handed), 11's sentences' word ids and labels, input ids,
+and the weights of the models its drivers build.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import re
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,11 +37,12 @@ import torch
 from autograder.grader.plan import StagePlan
 from autograder.runtime.wire import decode
 from autograder.stages import load_spec
-from tests.support import write_py
+from tests.support import ROOT, write_py
 
 STAGE = "01_attention"
+HONEST = ROOT / "examples" / "class" / "ada_correct_matmul"  # a correct file of every stage
 
-LEAKY = r'''
+CHANNELS = r'''
 import gc, hashlib, json, os, sys, warnings
 import numpy as np
 import torch
@@ -99,8 +107,9 @@ while frame is not None:
                 if type(t) is torch.Tensor:
                     leak(t)
     frame = frame.f_back
+'''
 
-
+ATTENTION = r"""
 def softmax(x, dim=-1):
     leak(x)
     e = (x - x.amax(dim=dim, keepdim=True)).exp()
@@ -127,7 +136,76 @@ def causal_mask(L):
     text = leak(L)
     # a shape that carries the input: "expected shape (L, L), got (...)"
     return torch.ones(L, L + 1 + int(text[len("LEAKPROBE<"):][:2], 16), dtype=torch.bool)
-'''
+"""
+
+# Stages 10 and 11: the correct file, then each graded name that is handed inputs leaks them
+# before it answers (the weights: every tensor of the model it is handed).
+GPT_LEAKS = r"""
+_honest = {name: globals()[name] for name in ("greedy_decode", "sample", "filter_logits", "causal_lm_loss")}
+
+
+def greedy_decode(model, input_ids, max_new_tokens):
+    leak(input_ids, *model.state_dict().values())
+    return _honest["greedy_decode"](model, input_ids, max_new_tokens)
+
+
+def sample(model, input_ids, max_new_tokens, generator, **options):
+    leak(input_ids, generator.initial_seed(), *model.state_dict().values())
+    return _honest["sample"](model, input_ids, max_new_tokens, generator, **options)
+
+
+def filter_logits(logits, temperature=1.0, top_k=0, top_p=1.0):
+    leak(logits)
+    return _honest["filter_logits"](logits, temperature, top_k, top_p)
+
+
+def causal_lm_loss(logits, labels):
+    leak(logits, labels)
+    return _honest["causal_lm_loss"](logits, labels)
+"""
+
+TRANSFER_LEAKS = r"""
+_honest = {name: globals()[name] for name in ("align_labels", "param_groups", "freeze_backbone", "hidden_states")}
+
+
+def align_labels(word_ids, word_labels):
+    leak(word_ids, word_labels)
+    return _honest["align_labels"](word_ids, word_labels)
+
+
+def param_groups(model, weight_decay):
+    leak(*model.state_dict().values())
+    return _honest["param_groups"](model, weight_decay)
+
+
+def freeze_backbone(model):
+    leak(*model.state_dict().values())
+    return _honest["freeze_backbone"](model)
+
+
+def hidden_states(model, input_ids, *args, **kwargs):
+    leak(input_ids)
+    return _honest["hidden_states"](model, input_ids, *args, **kwargs)
+"""
+
+
+def leaky(stage: str) -> str:
+    """The leaky submission of ``stage``."""
+    if stage == STAGE:
+        return CHANNELS + ATTENTION
+    leaks = {"10_gpt": GPT_LEAKS, "11_transfer": TRANSFER_LEAKS}[stage]
+    return CHANNELS + (HONEST / f"{stage}.py").read_text() + leaks
+
+
+def _submission(folder: Path, stage: str) -> Path:
+    """The leaky file of ``stage`` in ``folder``, with the correct earlier stages it runs
+    (and those they run)."""
+    uses = list(load_spec(stage).uses)
+    while uses:
+        used = uses.pop()
+        write_py(folder, used, (HONEST / f"{used}.py").read_text())
+        uses += load_spec(used).uses
+    return write_py(folder, stage, leaky(stage))
 
 
 def _fingerprint(t: torch.Tensor) -> tuple[str, list[str]]:
@@ -141,11 +219,41 @@ def _number(value: float) -> re.Pattern:
     return re.compile(rf"(?<![\d.]){re.escape(f'{value:.6g}')}(?![\d])")
 
 
+def _inputs(value, graded: str):
+    """Every value a leaky submission fingerprints, as its graded name receives it: tensors,
+    and the numbers and lists of numbers (a seed, a sentence's word ids and labels)."""
+    if graded == "padding_mask" and isinstance(value, list):
+        yield torch.as_tensor(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _inputs(v, graded)
+    elif isinstance(value, list | tuple):
+        if value and all(x is None or type(x) is int for x in value):
+            yield list(value)  # align_labels' word ids and labels, as it is handed them
+        else:
+            for v in value:
+                yield from _inputs(v, graded)
+    elif isinstance(value, torch.Tensor) or type(value) is int:
+        yield value
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param("01_attention", marks=pytest.mark.stage01),
+        pytest.param("10_gpt", marks=[pytest.mark.stage10, pytest.mark.slow]),
+        pytest.param("11_transfer", marks=[pytest.mark.stage11, pytest.mark.slow]),
+    ],
+)
+def stage(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def secrets() -> dict[str, dict[str, set]]:
+def secrets(stage) -> dict[str, dict[str, set]]:
     """Fingerprints of the public and the hidden cases: input hashes, first input values,
-    case labels, and the expected value the NaN probe's message would quote."""
-    plan = StagePlan.build(load_spec(STAGE), "cpu")
+    case labels, and (01) the expected value the NaN probe's message would quote."""
+    plan = StagePlan.build(load_spec(stage), "cpu")
     calls = {c.index: c for c in plan.calls}
     found: dict[str, dict[str, set]] = {
         kind: {"hashes": set(), "values": set(), "labels": set(), "expected": set()}
@@ -154,16 +262,18 @@ def secrets() -> dict[str, dict[str, set]]:
     for pc in plan.cases:
         kind = "hidden" if pc.test.hidden else "public"
         tensors = plan.hidden_inputs if pc.test.hidden else plan.inputs
-        for arg in decode(calls[pc.index].data["args"], tensors):
-            if pc.graded.name == "padding_mask":
-                arg = torch.as_tensor(arg)
-            if isinstance(arg, torch.Tensor):
-                digest, values = _fingerprint(arg)
-                found[kind]["hashes"].add(digest)
-                if arg.is_floating_point():
-                    found[kind]["values"].update(values)
-            else:
-                found[kind]["hashes"].add(hashlib.sha256(repr(arg).encode()).hexdigest()[:24])
+        data = calls[pc.index].data
+        for field in ("args", "kwargs", "state"):
+            if field not in data:
+                continue
+            for arg in _inputs(decode(data[field], tensors), pc.graded.name):
+                if isinstance(arg, torch.Tensor):
+                    digest, values = _fingerprint(arg)
+                    found[kind]["hashes"].add(digest)
+                    if arg.is_floating_point():
+                        found[kind]["values"].update(values)
+                else:
+                    found[kind]["hashes"].add(hashlib.sha256(repr(arg).encode()).hexdigest()[:24])
         found[kind]["labels"].add(pc.label)
         if pc.graded.name == "scaled_dot_product_attention":
             found[kind]["expected"].add(float(pc.expectation.values[0].flatten()[0]))
@@ -179,7 +289,8 @@ def secrets() -> dict[str, dict[str, set]]:
     hidden["expected"] = {
         x for x in hidden["expected"] if all(f"{x:.6g}" != f"{y:.6g}" for y in public["expected"])
     }
-    assert all(hidden[k] for k in hidden), "the stage has hidden cases of every kind searched for"
+    kinds = ("hashes", "values", "labels", "expected") if stage == STAGE else ("hashes", "values", "labels")
+    assert all(hidden[k] for k in kinds), "the stage has hidden cases of every kind searched for"
     return found
 
 
@@ -193,7 +304,7 @@ def _found(text: str, fingerprints: dict[str, set]) -> dict[str, list]:
 
 
 @pytest.fixture(scope="module")
-def outputs(tmp_path_factory, secrets) -> dict[str, str]:
+def outputs(tmp_path_factory, stage, secrets) -> dict[str, str]:
     """Every student-facing output of the leaky submission's grade, as text, plus the
     instructor's views."""
     from autograder.grader.batch import Gradebook, Unit
@@ -203,16 +314,15 @@ def outputs(tmp_path_factory, secrets) -> dict[str, str]:
     from autograder.grader.report import to_gradescope, write_results
     from autograder.grader.runner import Limits
 
-    tmp = tmp_path_factory.mktemp("leaks")
-    sub = write_py(tmp / "leaky", STAGE, LEAKY)
+    tmp = tmp_path_factory.mktemp(f"leaks-{stage}")
+    sub = _submission(tmp / "leaky", stage)
     # the real Gradescope script, on a temporary /autograder, running meanwhile
-    zip_path = build_zip(tmp / "autograder.zip", [STAGE])
+    zip_path = build_zip(tmp / "autograder.zip", [stage])
     root = tmp / "autograder"
     with zipfile.ZipFile(zip_path) as zf:
         zf.extractall(root / "source")
     (root / "source" / "run_autograder").chmod(0o755)
-    (root / "submission").mkdir()
-    (root / "submission" / f"{STAGE}.py").write_text(LEAKY)
+    _submission(root / "submission", stage)
     env = {**os.environ, "BERTLAB_AUTOGRADER_ROOT": str(root), "BERTLAB_PYTHON": sys.executable}
     gradescope = subprocess.Popen(
         ["bash", str(root / "source" / "run_autograder")],
@@ -223,15 +333,15 @@ def outputs(tmp_path_factory, secrets) -> dict[str, str]:
         text=True,
     )
     with Grader(keep_arrays=True, limits=Limits(call_s=10.0, submission_s=120.0)) as grader:
-        result = grader.grade(sub, [STAGE])
+        result = grader.grade(sub, [stage])
     write_results(result, tmp / "results.json")
     book = Gradebook(tmp / "book.sqlite")
-    stage = result.stages[0]
+    graded = result.stages[0]
     import dataclasses
 
     book.put(
-        Unit("leaky", STAGE, sub, "x"),
-        {**dataclasses.asdict(stage), "score": stage.score, "max_score": stage.max_score},
+        Unit("leaky", stage, sub, "x"),
+        {**dataclasses.asdict(graded), "score": graded.score, "max_score": graded.max_score},
     )
     book.export_csv(tmp / "grades.csv")
     book.close()
@@ -250,14 +360,15 @@ def outputs(tmp_path_factory, secrets) -> dict[str, str]:
     }
 
 
-def test_the_leaky_submission_gets_public_fingerprints_through(outputs, secrets):
+def test_the_leaky_submission_gets_public_fingerprints_through(stage, outputs, secrets):
     """The channels work: prints, notes and messages carry public inputs to the student,
     so the next test, finding no hidden one, means something."""
     for name in ("student: CLI results file", "student: HTML feedback", "student: Gradescope results.json"):
         found = _found(outputs[name], secrets["public"])
         assert found["hashes"] and found["values"], f"{name}: no public input got through"
         assert found["labels"], f"{name}: public case labels are shown"
-        assert found["expected"], f"{name}: the NaN probe's message shows public expected values"
+        if stage == STAGE:
+            assert found["expected"], f"{name}: the NaN probe's message shows public expected values"
 
 
 @pytest.mark.parametrize(
@@ -274,11 +385,11 @@ def test_no_hidden_fingerprint_reaches_a_student(outputs, secrets, name):
     assert found == {"hashes": [], "values": [], "labels": [], "expected": []}, name
 
 
-def test_instructors_see_the_hidden_cases(outputs, secrets):
+def test_instructors_see_the_hidden_cases(stage, outputs, secrets):
     """What is withheld from students is kept for instructors, not lost."""
     full = outputs["instructor: full results"]
     found = _found(full, secrets["hidden"])
-    assert found["hashes"] and found["labels"] and found["expected"]
+    assert found["hashes"] and found["labels"] and (found["expected"] or stage != STAGE)
     assert "after hidden inputs" in full
     assert _found(outputs["instructor: Gradescope stdout"], secrets["hidden"])["labels"]
     assert _found(outputs["instructor: HTML feedback"], secrets["hidden"])["labels"]
@@ -293,8 +404,10 @@ def test_forged_reports_never_become_a_verdict(outputs):
     assert "LEAKPROBE" not in json.dumps([t["name"] for t in data["tests"]])
 
 
-def test_public_tests_still_show_their_cases(outputs):
+def test_public_tests_still_show_their_cases(stage, outputs):
     """Public tests show their cases in full (labels, messages), hidden ones a summary."""
+    if stage != STAGE:
+        pytest.skip("stage 01's own cases")
     data = json.loads(outputs["student: Gradescope results.json"])
     by_name = {t["name"]: t for t in data["tests"]}
     public = by_name[f"{STAGE} · softmax · float32, vectors and batches"]
