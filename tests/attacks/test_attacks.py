@@ -1,17 +1,18 @@
-"""The adversarial suite (issue 4): hostile submissions, graded through the real CLI.
+"""The adversarial suite (issues 4 and 21): hostile submissions, graded through the real CLI.
 
 Every attack is a real submission under ``submissions/<attack>/`` (what it tries and what
-it should score is written at the top of its file; README.md has the table). One CLI
-run grades all of them between two honest bystanders, once per session (also under
-``pytest -n 2``), with a canary secret in the grader's environment, sentinel files
-around it and listeners on the network; a second CLI run, at the same time, grades a
-copy of the slow bystander (two graders side by side must not disturb each other) and
-copies of an honest file under hostile names. The tests then check, per attack and
-overall, that:
+it should score is written at the top of its file; README.md has the table), graded on
+the latest stage whose file its folder holds: 01_attention, 10_gpt or 11_transfer. One CLI
+run per stage, all at once and once per session (also under ``pytest -n 2``), grades the
+stage's attacks between two honest bystanders, with a canary secret in the graders'
+environment, sentinel files around them and listeners on the network; another CLI run, at
+the same time, grades a copy of stage 01's slow bystander (two graders side by side must
+not disturb each other) and copies of an honest file under hostile names. The tests then
+check, per attack and overall, that:
 
 - the grader exits 0 and writes a complete, valid results file for every student;
 - each attack scores exactly its expected points per function (an attacking function 0,
-  the honest ones in the same file full marks), and the bystanders 17/17;
+  the honest ones in the same file full marks), and the bystanders full marks;
 - no results file is forged, the sentinels are untouched, nothing is written outside
   the results directory, the secret reaches no output, the listeners see nothing;
 - no process or thread an attack started is alive once grading has ended.
