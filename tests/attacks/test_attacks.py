@@ -176,11 +176,13 @@ EXPECTED: dict[str, dict[str, int]] = {
     "gpt_hostile_earlier_stage": gpt(),
     "gpt_earlier_stage_symlink": dict.fromkeys(full_marks("10_gpt"), 0),
     "gpt_load_stage_hunt": gpt("filter_logits"),
+    "gpt_mutate_inputs": gpt(),
     # stage 11 (transfer): the pretrained weights, what its drivers take from the student
     "transfer_weights_neighbours": transfer("param_groups"),
     "transfer_tamper_checkpoint": transfer(),
     "transfer_hostile_returns": transfer("param_groups", "linear_schedule_with_warmup", "align_labels"),
     "transfer_patch_optimizer": transfer("param_groups", "linear_schedule_with_warmup"),
+    "transfer_mutate_inputs": transfer(),
 }
 
 # Hostile student names for the second CLI run (copies of traversal_names/01_attention.py).

@@ -200,10 +200,10 @@ def greedy(ns: dict[str, Any], data: dict[str, Any], device: str) -> tuple[Any, 
 def sampled(ns: dict[str, Any], data: dict[str, Any], device: str) -> tuple[Any, Tensor, Tensor]:
     """``sample(model, input_ids, max_new_tokens, generator, **options)`` with
     ``generator = torch.Generator(device).manual_seed(seed)``, under the global seed 1 and
-    again under 2. Returns the first run's tokens, 1 if its calls used the cache, and 1 if
-    both runs gave the same tokens (the generator alone decides), else 0."""
+    again under 2, each run on a model built afresh. Returns the first run's tokens, 1 if
+    its calls used the cache, and 1 if both runs gave the same tokens (the generator alone
+    decides), else 0."""
     fn = require(ns, "sample")
-    model = build_model(ns, data, device)
     (input_ids,) = data["args"]
     kw = data["kwargs"]
     n = int(kw["max_new_tokens"])
@@ -211,6 +211,9 @@ def sampled(ns: dict[str, Any], data: dict[str, Any], device: str) -> tuple[Any,
     runs = []
     for global_seed in (1, 2):
         with torch.random.fork_rng(devices=devices), torch.no_grad():
+            # a model of its own for each run: the first run cannot leave the second its
+            # tokens (or zeros) on the model; built before the seed, whose draws are sample's
+            model = build_model(ns, data, device)
             torch.manual_seed(global_seed)
             generator = torch.Generator(device=device).manual_seed(int(kw["seed"]))
             calls = _Calls(model)
