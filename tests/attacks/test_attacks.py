@@ -177,6 +177,7 @@ EXPECTED: dict[str, dict[str, int]] = {
     "gpt_earlier_stage_symlink": dict.fromkeys(full_marks("10_gpt"), 0),
     "gpt_load_stage_hunt": gpt("filter_logits"),
     "gpt_mutate_inputs": gpt(),
+    "gpt_kv_cache_growth": gpt("greedy_decode"),
     # stage 11 (transfer): the pretrained weights, what its drivers take from the student
     "transfer_weights_neighbours": transfer("param_groups"),
     "transfer_tamper_checkpoint": transfer(),
@@ -743,6 +744,7 @@ EXTRA = {
     "leak_hidden_inputs": [_extra_no_hidden_input],
     "flood_forged_reports": [_extra_grader_survived],
     "gpt_huge_return": [_extra_grader_survived],
+    "gpt_kv_cache_growth": [_flags_absent("KV-GROWTH-BEYOND-LIMIT")],
     "gpt_hostile_earlier_stage": [_extra_no_reference_text, _extra_sentinels],
     "gpt_earlier_stage_symlink": [_extra_no_reference_text],
     "gpt_load_stage_hunt": [_extra_no_reference_text],
