@@ -178,12 +178,14 @@ EXPECTED: dict[str, dict[str, int]] = {
     "gpt_load_stage_hunt": gpt("filter_logits"),
     "gpt_mutate_inputs": gpt(),
     "gpt_kv_cache_growth": gpt("greedy_decode"),
+    "gpt_endless_state_dict": gpt("to_gpt2_state_dict"),
     # stage 11 (transfer): the pretrained weights, what its drivers take from the student
     "transfer_weights_neighbours": transfer("param_groups"),
     "transfer_tamper_checkpoint": transfer(),
     "transfer_hostile_returns": transfer("param_groups", "linear_schedule_with_warmup", "align_labels"),
     "transfer_patch_optimizer": transfer("param_groups", "linear_schedule_with_warmup"),
     "transfer_mutate_inputs": transfer(),
+    "transfer_hanging_model": transfer("freeze_backbone"),
 }
 
 # Hostile student names for the second CLI run (copies of traversal_names/01_attention.py).
@@ -745,6 +747,8 @@ EXTRA = {
     "flood_forged_reports": [_extra_grader_survived],
     "gpt_huge_return": [_extra_grader_survived],
     "gpt_kv_cache_growth": [_flags_absent("KV-GROWTH-BEYOND-LIMIT")],
+    "gpt_endless_state_dict": [_extra_grader_survived],
+    "transfer_hanging_model": [_extra_grader_survived],
     "gpt_hostile_earlier_stage": [_extra_no_reference_text, _extra_sentinels],
     "gpt_earlier_stage_symlink": [_extra_no_reference_text],
     "gpt_load_stage_hunt": [_extra_no_reference_text],
