@@ -10,9 +10,11 @@ strict=True)``, eval mode, and calls under ``torch.no_grad()``. Then:
 - ``export`` calls ``to_gpt2_state_dict(model)``, checks its keys against GPT-2's, and
   returns its values grouped by key, stacked over the layers;
 - ``greedy`` and ``sampled`` call your decoding function with the model, record the
-  model's calls (the length of the input and of the ``past`` of each) and return the
-  tokens and whether the calls used the cache; ``sampled`` runs twice, under two global
-  seeds, with a fresh ``torch.Generator`` of the case's seed each time;
+  model's calls (the length of the input and of the ``past`` of each; a ``past`` that is
+  not the ``present`` the model returned the call before counts as no cache) and return
+  the tokens and whether the calls used the cache; ``sampled`` runs twice, under two
+  global seeds, each time with a model built afresh and a fresh ``torch.Generator`` of
+  the case's seed;
 - ``filtered`` calls ``filter_logits`` and returns which tokens it kept (``!= -inf``) and
   their values, since a removed token's ``-inf`` has no size to compare.
 
