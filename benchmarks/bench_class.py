@@ -730,7 +730,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--students", type=int, default=200, help="class size (default 200)")
     ap.add_argument("--workers", type=int, default=default_workers(), help="batch workers (default: cores)")
-    ap.add_argument("--sample", type=int, default=20, help="notebooks graded by nbgrader (default 20)")
+    ap.add_argument(
+        "--sample", type=int, default=22, help="notebooks graded by nbgrader (default 22: two per stage)"
+    )
     ap.add_argument("--seed", type=int, default=9)
     ap.add_argument("--memory-scaling", action="store_true", help="also grade 50 and 200 students: peak RSS")
     ap.add_argument(
