@@ -31,7 +31,7 @@ from autograder.grader.plan import StagePlan
 from autograder.grader.report import stage_record
 from autograder.sandbox import confine
 from autograder.stages import load_spec
-from tests.support import ROOT, full_marks, max_score, run_cli, write_py
+from tests.support import ROOT, full_marks, max_score, run_cli, write_notebook, write_py
 
 STAGE = "01_attention"
 EXAMPLES = ROOT / "examples" / "class"
@@ -251,6 +251,14 @@ def test_a_cold_grade_asks_for_matplotlib_before_torch_loads(tmp_path):
     plain = write_py(tmp_path / "plain", STAGE, code)
     assert _before_torch(plots) == {"warmed": ["matplotlib"], "torch": False, "IPython": False}
     assert _before_torch(plain) == {"warmed": [], "torch": False, "IPython": False}
+    # a magic line is no reason to import IPython before torch; a demo cell plots unasked
+    magic = write_notebook(
+        tmp_path / "magic",
+        ["%matplotlib inline\nimport matplotlib.pyplot as plt", ("code", "import pylab", ["skip-grading"])],
+    )
+    demo = write_notebook(tmp_path / "demo", [code, ("code", "import pylab", ["skip-grading"])])
+    assert _before_torch(magic.parent) == {"warmed": ["matplotlib"], "torch": False, "IPython": False}
+    assert _before_torch(demo.parent)["warmed"] == []
     (tmp_path / "empty").mkdir()
     assert _before_torch(tmp_path / "empty")["warmed"] is None  # nothing runs: no server
 

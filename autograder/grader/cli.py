@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from autograder.grader import feedback, gradescope, release
-from autograder.grader.launch import early
+from autograder.grader.launch import discard, early
 from autograder.grader.options import (
     SUBMISSION_S,
     CallTimeout,
@@ -26,6 +26,7 @@ from autograder.grader.options import (
     err,
     launch_for,
     open_grader,
+    quick_exit,
     safe_name,
     usage_error,
     warn_if_exposed,
@@ -443,6 +444,13 @@ def main() -> None:
     early(sys.argv[1:])  # `bertlab grade ...` (python -m autograder launched it already)
     try:
         app()
+    except SystemExit as exc:
+        # graded and written, the server closed (batch's 1: a student left out, said above)
+        done = {"grade": (0, None), "batch": (0, None, 1)}.get(sys.argv[1] if sys.argv[1:] else "", ())
+        if exc.code in done:
+            discard()  # an early server nothing adopted (``--help``), as at a normal exit
+            quick_exit(exc.code or 0)
+        raise
     except KeyboardInterrupt:
         sys.exit(130)
     except SandboxUnusable as exc:  # this machine, not a student: no grade is written

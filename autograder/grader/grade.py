@@ -123,6 +123,16 @@ class Grader:
         for stage in {stage for _, stage in units}:
             extras |= _driver_extras(load_spec(stage))
         self.server.warm(extras)
+        # while the server loads them: the first file read as grading reads it, so that what
+        # reading needs (IPython's transformer, for a magic line) is imported now, not when
+        # the first child is due
+        for submission, stage in units[:1]:
+            try:
+                path = Submission(submission).file(stage)
+                if path is not None:
+                    load_source(path, stage)
+            except LoadError:
+                pass
 
     def close(self) -> None:
         if self._server is not None:

@@ -68,6 +68,9 @@ def launch() -> Launched:
         "HOME": tempfile.gettempdir(),
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
+        # numpy's OpenBLAS would start a thread per core in each child that calls it (a
+        # plot's colour map): threads that spin on the cores the other children need
+        "OPENBLAS_NUM_THREADS": "1",
         "PYTHONHASHSEED": "0",
         "PYTHONDONTWRITEBYTECODE": "1",
         "MPLBACKEND": "Agg",
@@ -127,13 +130,13 @@ def plot_extras(units: Iterable[tuple[Path, str]], files: int = 12) -> set[str]:
     (submission, stage) imports it, else nothing: found without torch (or IPython), so that
     a command asks for it as soon as it knows its submissions. A file that cannot be read
     asks for nothing (its grade says why)."""
-    from autograder.runtime.load import LoadError, load_source
+    from autograder.runtime.load import LoadError, graded_code
     from autograder.runtime.submission import Submission
 
     for submission, stage in list(units)[:files]:
         try:
             path = Submission(submission).file(stage)
-            if path is not None and any(PLOTS.search(text) for _, text in load_source(path, stage).cells):
+            if path is not None and any(PLOTS.search(text) for text in graded_code(path)):
                 return {"matplotlib"}
         except LoadError:
             pass

@@ -167,6 +167,17 @@ def aten_op_names() -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+@functools.cache
+def _matching(ops: tuple[str, ...]) -> tuple[str, ...]:
+    """The aten operators ``ops`` (fnmatch patterns) name, in ``aten_op_names`` order. Once
+    per pattern list in a child (its public and hidden calls guard each name alike); a name
+    without a wildcard is looked up, not matched against every operator's name."""
+    exact = {p for p in ops if not any(c in p for c in "*?[")}
+    wild = [p for p in ops if p not in exact]
+    wanted = re.compile("|".join(fnmatch.translate(p) for p in wild)) if wild else None
+    return tuple(n for n in aten_op_names() if n in exact or (wanted is not None and wanted.match(n)))
+
+
 class ForbiddenKernel(RuntimeError):
     """Raised by a forbidden operator while a KernelGuard is active."""
 
@@ -184,11 +195,9 @@ class KernelGuard:
     def __init__(self, patterns: tuple[str, ...]) -> None:
         self.found: list[str] = []
         self._lib = None
-        ops = [p.removeprefix("aten::") for p in patterns if p.startswith("aten::")]
-        if not ops:
+        chosen = _matching(tuple(p.removeprefix("aten::") for p in patterns if p.startswith("aten::")))
+        if not chosen:
             return
-        wanted = re.compile("|".join(fnmatch.translate(p) for p in ops))
-        chosen = [n for n in aten_op_names() if wanted.match(n)]
         keys = ["CPU"] + (["CUDA"] if torch.cuda.is_available() else [])
         import warnings
 

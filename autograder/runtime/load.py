@@ -830,15 +830,29 @@ def _to_python(src: str, budget: _Budget) -> str:
     return "".join(out)
 
 
-def load_source(path: Path, stage: str) -> Source:
+def _notebook_code(path: Path) -> list[tuple[str, bool]]:
+    """(source, skip) of each code cell of the notebook at ``path``, as written."""
     name = path.name
-    if path.suffix == ".py":
-        return Source(path, [(name, _read_py(path))], module_name=stage)
     if path.suffix != ".ipynb":
         raise LoadError(f"{name} is neither a notebook (.ipynb) nor a Python file (.py)")
     too_large = LoadError(f"{name} is larger than {_mb(MAX_FILE_BYTES)}: clear its outputs and save it again")
     with _open(path, MAX_FILE_BYTES, too_large) as f:
-        code = _notebook(f, name)
+        return _notebook(f, name)
+
+
+def graded_code(path: Path) -> list[str]:
+    """The code of the cells of ``path`` not tagged ``skip-grading``, as written (IPython
+    syntax not converted): enough to see what it imports, without IPython's transformer."""
+    if path.suffix == ".py":
+        return [_read_py(path)]
+    return [src for src, skip in _notebook_code(path) if not skip]
+
+
+def load_source(path: Path, stage: str) -> Source:
+    name = path.name
+    if path.suffix == ".py":
+        return Source(path, [(name, _read_py(path))], module_name=stage)
+    code = _notebook_code(path)
     cells, notes, heads = [], [], []
     budget = _Budget(name)
     for n, (src, skip) in enumerate(code, start=1):

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import reference
-from autograder.runtime.drivers.bert import minilm_dir
+from autograder.runtime.drivers.bert import minilm_tokenizer
 from autograder.runtime.drivers.pretraining import vocab_words as case_vocab
 from autograder.stages.spec import (
     Case,
@@ -54,19 +54,9 @@ PAD_ID, CLS_ID, SEP_ID = 0, 101, 102
 # -- the corpus, as WordPieces ----------------------------------------------------------------
 
 
-@functools.cache
-def _tokenizer():
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
-    tok.no_padding()
-    tok.no_truncation()
-    return tok
-
-
 def wordpieces(sentence: str) -> list[str]:
     """BERT's uncased WordPieces of one sentence, without [CLS]/[SEP]."""
-    return list(_tokenizer().encode(sentence, add_special_tokens=False).tokens)
+    return list(minilm_tokenizer().encode(sentence, add_special_tokens=False).tokens)
 
 
 @functools.cache

@@ -11,13 +11,11 @@ graded: what a model computes at padding is never used.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor
 
 import reference
-from autograder.runtime.drivers.bert import minilm_dir
+from autograder.runtime.drivers.bert import minilm_tokenizer
 from autograder.stages import load_spec
 from autograder.stages.spec import (
     Case,
@@ -213,21 +211,12 @@ HIDDEN_SENTENCES = (
 HIDDEN_PAIR = ("Where did the river flood?", "The river flooded the fields near the old mill.")
 
 
-@functools.cache
-def _tokenizer():
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
-    tok.no_padding()  # the file pads and truncates to 128 by default
-    tok.no_truncation()
-    return tok
-
-
 def encode(sentences: tuple[str | tuple[str, str], ...]) -> tuple[Tensor, Tensor, Tensor]:
     """Real WordPiece ids, padded with [PAD] (id 0): input_ids, token_type_ids,
     attention_mask, each (B, L) int64."""
     encodings = [
-        _tokenizer().encode(*s) if isinstance(s, tuple) else _tokenizer().encode(s) for s in sentences
+        minilm_tokenizer().encode(*s) if isinstance(s, tuple) else minilm_tokenizer().encode(s)
+        for s in sentences
     ]
     length = max(len(e.ids) for e in encodings)
     out = torch.zeros(3, len(encodings), length, dtype=torch.int64)
