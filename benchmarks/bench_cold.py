@@ -31,13 +31,19 @@ order (so a slow minute of a shared machine slows a round, not one figure), then
   course, once: it takes minutes).
 
 ``--baseline DIR`` measures another checkout the same way, in the same rounds (the
-"before" of a change): ``git archive COMMIT | tar -x -C DIR``. Where a target is missed (or
-with ``--profile``) the bench shows where the time goes: a cold grade cut into its phases,
-with the CPU time of the grader and of the fork server and its children (one stage-01
-submission, and the nine stages), the fork server's start alone (launch to ready), the
-parent's imports, and a cProfile of the CLI. The load average at the start and the end is
-printed with the figures: other processes on the machine slow the two processes of a cold
-grade more than one ``import torch``.
+"before" of a change): ``git archive COMMIT | tar -x -C DIR`` (its store of expected
+values is built as this checkout's, where it has one). Where a target is missed (or with
+``--profile``) the bench shows where the time goes: a cold grade cut into its phases, with
+the CPU time of the grader and of the fork server and its children (one stage-01
+submission, and the nine stages); the class of stage-01 notebooks graded by ``batch``, cut
+likewise (start-up until the fork server is ready, until the first student's child, the
+students, the rest); the fork server's start alone (launch to ready), the parent's
+imports, and a cProfile of the CLI. Beside each, the floors no schedule can beat: the CPU
+floor (the CPU seconds of every process, over the cores) and, for the nine stages, the path
+floor (a fresh ``import torch``, before which no child starts, plus what ``batch`` spends
+per student spread over the cores). The load average at the start and the end is printed
+with the figures: other processes on the machine slow the two processes of a cold grade
+more than one ``import torch``.
 
 Run: ``make bench-cold`` or ``.venv/bin/python benchmarks/bench_cold.py [options]``.
 Figures also go to ``build/bench/bench_cold.json``.
@@ -275,40 +281,119 @@ def one_round(trees: list[Tree], work: Path, subs: dict[str, Path], args: argpar
 
 
 # One cold grade cut into its phases, as run_autograder runs it (the server launched before
-# torch loads, the stages side by side): wall time of each, and the CPU time of this process
-# and of its children (the fork server and the children it forked, reaped at close).
+# torch loads, asked then for what the submission uses where the tree does so; the stages
+# side by side, each planned where the tree plans it): wall time of each, and the CPU time of
+# this process and of its children (the fork server and the children it forked, reaped at
+# close). "first child" is when the first stage's child is asked for.
 PHASES = """\
-import json, resource, sys, time
+import io, json, resource, sys, time
 t0 = time.perf_counter()
 from pathlib import Path
-from autograder.grader.launch import launch
-from autograder.grader.options import SUBMISSION_S, open_grader
+from autograder.grader.options import SUBMISSION_S, launch_for, open_grader
 from autograder.runtime.submission import Submission
 from autograder.stages import stage_ids
 sub = Path(sys.argv[1]); stages = Submission(sub).stages(stage_ids())
-launched = launch()
+launched = launch_for([sub], stages)
 t1 = time.perf_counter()
 grader = open_grader("cpu", None, SUBMISSION_S, server=launched)
 t2 = time.perf_counter()
 if stages and hasattr(grader, "warm_for"):  # as grade() asks, before it plans (a baseline may not)
     grader.warm_for([(sub, s) for s in stages])
-for s in stages:
-    grader.plan(s)
-t3 = time.perf_counter()
 grader.server.wait_ready()
-t4 = time.perf_counter()
+t3 = time.perf_counter()
+planning, forks = [0.0], []
+plan, fork = grader.plan, grader.server.fork
+def timed_plan(stage):
+    t = time.perf_counter()
+    try:
+        return plan(stage)
+    finally:
+        planning[0] += time.perf_counter() - t
+def timed_fork(*a, **k):
+    forks.append(time.perf_counter())
+    return fork(*a, **k)
+grader.plan, grader.server.fork = timed_plan, timed_fork
 from autograder.grader.batch import default_workers
 result = grader.grade(sub, stages, workers=default_workers())
+t4 = time.perf_counter()
+from autograder.grader.gradescope import student_view
+from autograder.grader.report import test_table, to_gradescope
+from rich.console import Console
+json.dumps(student_view(result)); to_gradescope(result)
+Console(file=io.StringIO(), width=160).print(test_table(result))
 t5 = time.perf_counter()
 grader.close()
 t6 = time.perf_counter()
 me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+first = forks[0] if forks else t4
 print(json.dumps({
     "CLI modules and server launch": t1 - t0, "torch and the grader imported": t2 - t1,
-    "expected values (store)": t3 - t2, "fork server still starting": t4 - t3,
-    "grading (children)": t5 - t4, "server closed": t6 - t5, "total": t6 - t0,
+    "fork server still starting": t3 - t2, "until the first child (planning)": first - t3,
+    "children, and the other stages' planning": t4 - first,
+    "  expected values (store), all threads": planning[0],
+    "results rendered (JSON, table)": t5 - t4, "server closed": t6 - t5, "total": t6 - t0,
     "cpu: this process": me.ru_utime + me.ru_stime, "cpu: server and children": kids.ru_utime + kids.ru_stime,
     "score": result.score, "max_score": result.max_score,
+}))
+"""
+
+# A class graded by `python -m autograder batch` (its CLI, its early server), cut into its
+# phases: start-up until the fork server is ready (its start-up check done), until the
+# first student's child is asked for, the students, and the rest (gradebook, exit); with the
+# CPU time of this process and of the fork server and its children.
+BATCH_PHASES = """\
+import contextlib, io, json, resource, sys, time
+t0 = time.perf_counter()
+from autograder.grader.launch import early
+early(["batch"])
+import importlib.abc, importlib.util
+from autograder.grader import batch
+marks, forks = {}, []
+def timed(runner):  # once the grader imports it (and torch), where the command does
+    fork, ready = runner.ForkServer.fork, runner.ForkServer.wait_ready
+    def timed_fork(self, *a, **k):
+        forks.append(time.perf_counter())
+        return fork(self, *a, **k)
+    def timed_ready(self, *a, **k):
+        ready(self, *a, **k)
+        marks.setdefault("ready", time.perf_counter())
+    runner.ForkServer.fork, runner.ForkServer.wait_ready = timed_fork, timed_ready
+class Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "autograder.grader.runner":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run_module = spec.loader.exec_module
+        def exec_module(module):
+            run_module(module)
+            timed(module)
+        spec.loader.exec_module = exec_module
+        return spec
+sys.meta_path.insert(0, Hook())
+run = batch.run
+def timed_run(*a, **k):
+    try:
+        return run(*a, **k)
+    finally:
+        marks["graded"] = time.perf_counter()
+batch.run = timed_run
+from autograder.grader.cli import main
+sys.argv = ["autograder", "batch", *sys.argv[1:]]
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        main()
+    except SystemExit:
+        pass
+t9 = time.perf_counter()
+me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+graded = [t for t in forks if t >= marks["ready"]]  # the start-up check's child is before
+print(json.dumps({
+    "start-up: the fork server ready": marks["ready"] - t0,
+    "until the first student's child": graded[0] - marks["ready"],
+    "students (children, comparisons)": marks["graded"] - graded[0],
+    "gradebook and exit": t9 - marks["graded"], "total": t9 - t0, "children": len(graded),
+    "cpu: this process": me.ru_utime + me.ru_stime, "cpu: server and children": kids.ru_utime + kids.ru_stime,
 }))
 """
 
@@ -321,9 +406,18 @@ def phases(tree: Path, sub: Path) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def profile(tree: Path, sub: Path, work: Path, nine: Path) -> dict[str, Any]:
+def batch_phases(tree: Path, class_dir: Path, db: Path) -> dict[str, float]:
+    db.unlink(missing_ok=True)
+    env = {**os.environ, **_tree_env(tree)}
+    cmd = [PYTHON, "-c", BATCH_PHASES, str(class_dir), "--db", str(db)]
+    out = subprocess.run(cmd, cwd=db.parent, env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def profile(tree: Path, sub: Path, work: Path, nine: Path, class_dir: Path) -> dict[str, Any]:
     """The fork server's start alone; the parent's imports; a cProfile of the CLI; a cold
-    grade's phases, of one stage-01 submission and of the nine stages."""
+    grade's phases, of one stage-01 submission and of the nine stages; the class of
+    stage-01 notebooks graded by batch, in its phases."""
     env = {**os.environ, **_tree_env(tree)}
     code = (
         "import time; t = time.perf_counter()\n"
@@ -374,6 +468,7 @@ def profile(tree: Path, sub: Path, work: Path, nine: Path) -> dict[str, Any]:
     return {
         "phases, one stage-01 submission": phases(tree, sub),
         "phases, nine stages": phases(tree, nine),
+        "phases, batch of the class": batch_phases(tree, class_dir, work / f"phases-{tree.name}.sqlite"),
         "server_launch_s": importing,
         "server_warm_up_s": warm,
         "server_self_test_s": self_test,
@@ -397,10 +492,12 @@ def verdicts(tree: Tree, args: argparse.Namespace, nbgrader_s: float | None) -> 
     gs01 = tree.median("run_autograder, stage 01")
     out.append(verdict("run_autograder, stage 01 ≤ 2× import torch", gs01 / torch_s, 2.0))
     n = args.batch_students
-    per_student = (
-        tree.median(f"batch --workers 1, {n} students") - tree.median("batch --workers 1, 1 students")
-    ) / (n - 1)
-    tree.samples["batch --workers 1, per student"] = [per_student]
+    # the two classes of a round ran back to back, under the same load: their difference per
+    # round, then the median (a difference of two medians mixes rounds of unlike load)
+    big, one = (tree.samples[f"batch --workers 1, {k} students"] for k in (n, 1))
+    rounds = zip(big, one, strict=True)
+    tree.samples["batch --workers 1, per student"] = [(b - a) / (n - 1) for b, a in rounds]
+    per_student = tree.median("batch --workers 1, per student")
     nine = tree.median("run_autograder, nine stages")
     out.append(verdict("run_autograder, nine stages ≤ 2× batch per student", nine / per_student, 2.0))
     if nbgrader_s is not None:
@@ -438,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
     trees = [Tree("this", ROOT)]
     if args.baseline is not None:
         trees.append(Tree("baseline", args.baseline.resolve()))
+        base = trees[-1].path
+        if (base / "autograder" / "grader" / "expected.py").is_file():
+            _wall([PYTHON, "-m", "autograder.grader.expected", "build"], base, _tree_env(base))
     figures: dict[str, Any] = {"cpus": os.cpu_count(), "repeat": args.repeat}
     with tempfile.TemporaryDirectory(prefix="bertlab-bench-cold-") as tmp:
         work = Path(tmp)
@@ -497,7 +597,9 @@ def main(argv: list[str] | None = None) -> int:
             if (t.path / "autograder" / "grader" / "launch.py").is_file()  # what PHASES uses
         ]
         if profiled:
-            figures["profile"] = {t.name: profile(t.path, subs["cli"], work, subs["nine"]) for t in profiled}
+            figures["profile"] = {
+                t.name: profile(t.path, subs["cli"], work, subs["nine"], subs["class40"]) for t in profiled
+            }
         figures["load average (1, 5, 15 min), start and end"] = [load_at_start, list(os.getloadavg())]
 
     rows = []
@@ -537,10 +639,29 @@ def main(argv: list[str] | None = None) -> int:
                 figures[name]["samples"].get("batch --workers 1, per student") if name in figures else None
             )
             if which == "phases, nine stages" and per_student:
+                per_student = [statistics.median(per_student)]
+                # no child starts before the server has imported torch, and the students'
+                # work (children and comparisons) spreads over the cores at best
+                torch_s = figures[name]["samples"]["import torch"]
+                path = statistics.median(torch_s) + per_student[0] / (os.cpu_count() or 1)
                 print(
+                    f"  {'path floor: import torch + batch/student / cores':40} {path:7.2f}\n"
                     f"  {'2x batch per student (the target)':40} {2 * per_student[0]:7.2f}"
-                    f"   (the floor is {floor / per_student[0]:.2f}x batch per student)"
+                    f"   (the floors are {floor / per_student[0]:.2f}x and {path / per_student[0]:.2f}x"
+                    " batch per student)"
                 )
+        ph = prof["phases, batch of the class"]
+        print(f"\nwhere batch of the {args.class_size} stage-01 notebooks goes ({name}), s:")
+        for key, value in ph.items():
+            print(f"  {key:40} {value:7.2f}" if key != "children" else f"  {key:40} {value:7d}")
+        cpu = ph["cpu: this process"] + ph["cpu: server and children"]
+        floor = cpu / (os.cpu_count() or 1)
+        print(f"  {'CPU floor: cpu seconds / ' + str(os.cpu_count()) + ' cores':40} {floor:7.2f}")
+        if nbgrader_s is not None:
+            print(
+                f"  {'nbgrader / 25 (the target)':40} {nbgrader_s / 25:7.2f}"
+                f"   (the floor is {nbgrader_s / floor:.1f}x nbgrader)"
+            )
         print(f"\nwhere a cold CLI grade goes ({name}):")
         print(
             f"  fork server alone: launch {prof['server_launch_s']:.2f} s, imports and warm-up "
