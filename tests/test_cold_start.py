@@ -13,6 +13,7 @@ Speed itself is measured by benchmarks/bench_cold.py, never here.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import shutil
 import subprocess
@@ -261,6 +262,21 @@ def test_a_cold_grade_asks_for_matplotlib_before_torch_loads(tmp_path):
     assert _before_torch(demo.parent)["warmed"] == []
     (tmp_path / "empty").mkdir()
     assert _before_torch(tmp_path / "empty")["warmed"] is None  # nothing runs: no server
+
+
+def test_a_child_guards_the_kernels_every_pattern_names():
+    # a graded name's forbidden kernels, looked up once per child: the operators fnmatch
+    # names, every stage's patterns, and a pattern that is neither exact nor a plain prefix
+    from autograder.runtime.detector import _matching, aten_op_names
+    from autograder.stages import stage_ids
+
+    lists = {tuple(g.forbidden) for s in stage_ids() for g in load_spec(s).graded if g.forbidden}
+    lists |= {("aten::*_softmax", "aten::gelu"), ("aten::soft?ax", "aten::[lm]*_norm", "aten::nope")}
+    for patterns in lists:
+        ops = tuple(p.removeprefix("aten::") for p in patterns if p.startswith("aten::"))
+        want = tuple(n for n in aten_op_names() if any(fnmatch.fnmatchcase(n, p) for p in ops))
+        assert _matching(ops) == want, patterns
+    assert "_softmax" in _matching(("_softmax", "softmax")) and _matching(("nope",)) == ()
 
 
 def test_a_class_already_graded_starts_and_ends_quietly(tmp_path):
