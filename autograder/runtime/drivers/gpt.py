@@ -18,6 +18,13 @@ strict=True)``, eval mode, and calls under ``torch.no_grad()``. Then:
 - ``filtered`` calls ``filter_logits`` and returns which tokens it kept (``!= -inf``) and
   their values, since a removed token's ``-inf`` has no size to compare.
 
+The forbidden-call detector watches your code that computes the graded result (the
+model's calls, ``to_gpt2_state_dict``, the decoding function), not the building and
+loading of a model: with no input yet, nothing there can compute an answer (a forbidden
+kernel reached there still fails the call in the grading child). Building a model makes
+thousands of small calls (its layers' parameters, ``load_state_dict``'s copies), which the
+detector's hooks would make about three times as slow.
+
 Nothing here computes a result.
 """
 
@@ -186,7 +193,8 @@ class _Calls:
         return torch.tensor(int(ok), dtype=torch.int64, device=device)
 
 
-def greedy(ns: dict[str, Any], data: dict[str, Any], device: str) -> tuple[Any, Tensor]:
+@watches_itself
+def greedy(ns: dict[str, Any], data: dict[str, Any], device: str, watch: Any = None) -> tuple[Any, Tensor]:
     """``greedy_decode(model, input_ids, max_new_tokens)``: the tokens, and 1 if the model's
     calls used the cache (see ``_Calls.cached``), else 0."""
     fn = require(ns, "greedy_decode")
@@ -194,12 +202,15 @@ def greedy(ns: dict[str, Any], data: dict[str, Any], device: str) -> tuple[Any, 
     (input_ids,) = data["args"]
     n = int(data["kwargs"]["max_new_tokens"])
     calls = _Calls(model)
-    with torch.no_grad():
+    with watch if watch is not None else contextlib.nullcontext(), torch.no_grad():
         tokens = fn(model, input_ids.clone(), n)
     return tokens, calls.cached(input_ids.size(1), n, device)
 
 
-def sampled(ns: dict[str, Any], data: dict[str, Any], device: str) -> tuple[Any, Tensor, Tensor]:
+@watches_itself
+def sampled(
+    ns: dict[str, Any], data: dict[str, Any], device: str, watch: Any = None
+) -> tuple[Any, Tensor, Tensor]:
     """``sample(model, input_ids, max_new_tokens, generator, **options)`` with
     ``generator = torch.Generator(device).manual_seed(seed)``, under the global seed 1 and
     again under 2, each run on a model built afresh. Returns the first run's tokens, 1 if
@@ -219,7 +230,8 @@ def sampled(ns: dict[str, Any], data: dict[str, Any], device: str) -> tuple[Any,
             torch.manual_seed(global_seed)
             generator = torch.Generator(device=device).manual_seed(int(kw["seed"]))
             calls = _Calls(model)
-            tokens = fn(model, input_ids.clone(), n, generator, **dict(kw.get("options", {})))
+            with watch if watch is not None else contextlib.nullcontext():
+                tokens = fn(model, input_ids.clone(), n, generator, **dict(kw.get("options", {})))
             runs.append((tokens, calls.cached(input_ids.size(1), n, device)))
     (first, cached), (second, _) = runs
     same = (
