@@ -373,3 +373,22 @@ def test_a_grader_may_leave_counterexamples_out():
     with Grader(counterexamples=False) as g:
         r = g.grade(CLASS / "bob_missing_scale", ["01_attention"])
     assert r.score < r.max_score and all(t.counterexample is None for t in r.stages[0].tests)
+
+
+def test_a_search_in_two_children_picks_what_one_child_running_every_input_picks(grader, monkeypatch):
+    """A name's first ``FIRST_RUNGS`` inputs run in a first child, the others only for the
+    names still without a counterexample: dan's softmax first fails on a later input, gus's
+    attention too (his softmax within the first ones). Both found, and the same as when one
+    child runs every input."""
+    from autograder.grader import counterexample as search
+
+    names = {"softmax", "scaled_dot_product_attention"}
+    students = ("dan_softmax_ignores_dim", "gus_unstable_softmax")
+    first = search.FIRST_RUNGS
+    two = {s: grader.counterexamples.for_stage(CLASS / s, "01_attention", names) for s in students}
+    monkeypatch.setattr(search, "FIRST_RUNGS", MAX_SMALL_CASES)
+    one = {s: grader.counterexamples.for_stage(CLASS / s, "01_attention", names) for s in students}
+    assert two == one
+    assert two["dan_softmax_ignores_dim"]["softmax"].rank > first
+    assert two["gus_unstable_softmax"]["softmax"].rank <= first
+    assert two["gus_unstable_softmax"]["scaled_dot_product_attention"].rank > first

@@ -19,10 +19,12 @@ exception) is the counterexample: since the order is by size, then simplicity, t
 shrinking. A name that is missing, forbidden, unfinished or hangs has none
 (``runtime.counterexample.NOT_A_COUNTEREXAMPLE``): no input could make it pass.
 
-Budget: at most ``MAX_SMALL_CASES`` calls per failing name, all in one child per stage,
-held to a fifth of the stage's call limit per call (at least ``CALL_S``, at most the
-stage's) and ``RUN_S`` for the whole run (cells included), on top of the grading run's own
-limits: a hanging name costs one call's limit, then its other inputs are skipped.
+Budget: at most ``MAX_SMALL_CASES`` calls per failing name, in at most two children per
+stage (each name's first ``FIRST_RUNGS`` inputs, then the others of the names still
+without a counterexample), held to a fifth of the stage's call limit per call (at least
+``CALL_S``, at most the stage's) and ``RUN_S`` for the whole search (cells included), on
+top of the grading run's own limits: a hanging name costs one call's limit, then its other
+inputs are skipped.
 """
 
 from __future__ import annotations
@@ -128,10 +130,51 @@ def search(
     grader: Grader, ladder: Ladder, source: Any, parts: dict | None, names: set[str], limits: Limits
 ) -> dict[str, Counterexample]:
     """Run ``names``' small inputs on the student's code in a clean child; each name's
-    first failing input, as a ``Counterexample``."""
+    first failing input, as a ``Counterexample``.
+
+    A name's first ``FIRST_RUNGS`` inputs run first: most mistakes fail the smallest ones,
+    and a name whose every input runs (up to ``MAX_SMALL_CASES``, a model built for each
+    of 10's) costs ten times as much. The names left without a counterexample then run
+    their other inputs in a second clean child, with what remains of ``limits``' budget;
+    a name that hung or crashed is not run again (its other inputs would be skipped in one
+    child too). The input picked is the one a single child's run would pick."""
+    hints = ladder.plan.spec.misconceptions
+    picks = {name: Pick(hints) for name in names}
     calls = [c for c in ladder.plan.calls if c.name in names]
     if not calls:
         return {}
+    rank = {index: rung.rank for index, rung in ladder.rungs.items()}
+    first = [c for c in calls if rank[c.index] <= FIRST_RUNGS]
+    report = _run_rungs(grader, ladder, source, parts, first, picks, limits)
+    stopped = {c.name for c in first if report.calls[c.index].status in _STOPPED}
+    rest = [
+        c
+        for c in calls
+        if rank[c.index] > FIRST_RUNGS and c.name not in stopped and picks[c.name].chosen is None
+    ]
+    left_s = limits.submission_s - report.wall_s
+    if rest and left_s > 0:
+        budget = dataclasses.replace(limits, cell_s=min(limits.cell_s, left_s), submission_s=left_s)
+        _run_rungs(grader, ladder, source, parts, rest, picks, budget)
+    return {name: pick.result for name, pick in picks.items() if pick.result is not None}
+
+
+# A name's inputs run in a first child (``search``); a limit hit or a crash stops the name.
+FIRST_RUNGS = 4
+_STOPPED = frozenset({"timeout", "crashed", "skipped"})
+
+
+def _run_rungs(
+    grader: Grader,
+    ladder: Ladder,
+    source: Any,
+    parts: dict | None,
+    calls: list,
+    picks: dict[str, Pick],
+    limits: Limits,
+) -> Any:
+    """Run ``calls`` in one public-only child and offer each name's outcomes, smallest first,
+    to its ``Pick``. Returns the run's report."""
     report = run_public(
         grader.server,
         source.cells,
@@ -143,10 +186,10 @@ def search(
         parts,
     )
     hints = ladder.plan.spec.misconceptions
-    picks = {name: Pick(hints) for name in names}
+    ran = {c.index for c in calls}
     for pc in ladder.plan.cases:  # smallest first within each name
         pick = picks.get(pc.graded.name)
-        if pick is None or pick.chosen is not None:
+        if pick is None or pick.chosen is not None or pc.index not in ran:
             continue
         o = report.calls[pc.index]
         result = check_case(pc.label, o.status, o.info, o.outputs, pc.expectation, hints)
@@ -156,7 +199,7 @@ def search(
                 pc.graded.name, rung.code, o.status, o.outputs, pc.expectation, result, rung.rank, rung.size
             )
         )
-    return {name: pick.result for name, pick in picks.items() if pick.result is not None}
+    return report
 
 
 class Counterexamples:
