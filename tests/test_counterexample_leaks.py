@@ -31,6 +31,13 @@ from autograder.stages.spec import small_cases
 from tests.support import write_py
 from tests.test_hidden_leaks import STAGE, _found, secrets  # noqa: F401  (secrets: a fixture)
 
+
+@pytest.fixture(scope="module")
+def stage() -> str:
+    """The stage ``secrets`` fingerprints (test_hidden_leaks runs it for 10 and 11 too)."""
+    return STAGE
+
+
 HOSTILE = r"""
 import ctypes, ctypes.util, hashlib, os
 import torch
@@ -232,5 +239,8 @@ def test_a_counterexample_quotes_small_inputs_only(graded):
 def test_no_hidden_fingerprint_reaches_a_student_through_a_counterexample(graded, secrets, name):  # noqa: F811
     _, outputs = graded
     assert "Smallest input found" in outputs[name]
-    found = _found(outputs[name], secrets["hidden"])
+    # a hidden input equal to a small input (padding_mask's lengths [1]) is public: the
+    # self-check file ships every small input
+    hidden = {**secrets["hidden"], "hashes": secrets["hidden"]["hashes"] - _small_hashes()}
+    found = _found(outputs[name], hidden)
     assert found == {"hashes": [], "values": [], "labels": [], "expected": []}, name
