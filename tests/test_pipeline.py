@@ -3,6 +3,7 @@ hangs, the trust boundary, determinism."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -216,7 +217,9 @@ def test_bypassing_the_detector_still_reaches_the_guarded_kernel(grader, tmp_pat
     result = grader.grade(write_py(tmp_path / "s", STAGE, code), [STAGE])
     assert scores(result) == {**FULL, "softmax": 0}
     out = next(t.output for t in result.stages[0].tests if t.function == "softmax")
-    assert "aten::_softmax" in out and "forbids" in out
+    # the first forbidden kernel reached: torch.softmax's own (aten::softmax.int), or the
+    # aten::_softmax it decomposes into
+    assert re.search(r"aten::_?softmax\b", out) and "forbids" in out, out
 
 
 def test_one_tensor_passed_as_several_arguments_crosses_the_boundary():

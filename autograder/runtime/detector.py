@@ -168,6 +168,25 @@ def aten_op_names() -> tuple[str, ...]:
 
 
 @functools.cache
+def aten_overloads() -> dict[str, tuple[str, ...]]:
+    """Each aten operator's overloads by its name: ``_softmax`` -> (``_softmax``,
+    ``_softmax.out``). A guard that swapped the default overload alone would let
+    ``torch.ops.aten._softmax.out`` through."""
+    out: dict[str, list[str]] = {}
+    for n in torch._C._dispatch_get_all_op_names():
+        if n.startswith("aten::"):
+            full = n.split("::", 1)[1]
+            out.setdefault(full.split(".", 1)[0], []).append(full)
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+# Every backend whose kernels a tensor may reach on this device: a nested, quantized, MKLDNN or
+# sparse tensor dispatches to its own kernel, never to the dense one the guard swaps.
+_GUARDED_KEYS = ("CPU", "NestedTensorCPU", "QuantizedCPU", "MkldnnCPU", "SparseCPU", "SparseCsrCPU")
+_GUARDED_CUDA_KEYS = ("CUDA", "NestedTensorCUDA", "QuantizedCUDA", "SparseCUDA", "SparseCsrCUDA")
+
+
+@functools.cache
 def _matching(ops: tuple[str, ...]) -> tuple[str, ...]:
     """The aten operators ``ops`` (fnmatch patterns) name, in ``aten_op_names`` order. Once
     per pattern list in a child (its public and hidden calls guard each name alike); a name
@@ -183,8 +202,9 @@ class ForbiddenKernel(RuntimeError):
 
 
 class KernelGuard:
-    """Replaces the CPU (and CUDA) kernels of forbidden aten operators with ones that record
-    the call and raise, for as long as it is open.
+    """Replaces the kernels of forbidden aten operators (every overload, every backend of the
+    device: dense, nested, quantized, MKLDNN, sparse) with ones that record the call and
+    raise, for as long as it is open.
 
     The dispatch-mode detector can be evaded from inside (popping the mode, disabling
     modes, a reference to the function taken before it was installed); the dispatcher's
@@ -198,18 +218,21 @@ class KernelGuard:
         chosen = _matching(tuple(p.removeprefix("aten::") for p in patterns if p.startswith("aten::")))
         if not chosen:
             return
-        keys = ["CPU"] + (["CUDA"] if torch.cuda.is_available() else [])
+        keys = _GUARDED_KEYS + (_GUARDED_CUDA_KEYS if torch.cuda.is_available() else ())
+        overloads = aten_overloads()
         import warnings
 
         self._lib = torch.library.Library("aten", "IMPL")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
             for name in chosen:
-                for key in keys:
-                    try:
-                        self._lib.impl(name, self._kernel(f"aten::{name}"), key)
-                    except RuntimeError:
-                        continue  # an operator with no kernel for this key
+                kernel = self._kernel(f"aten::{name}")
+                for overload in overloads.get(name, (name,)):
+                    for key in keys:
+                        try:
+                            self._lib.impl(overload, kernel, key)
+                        except RuntimeError:
+                            continue  # an operator with no kernel for this key
 
     def _kernel(self, op: str):
         def forbidden(*args: Any, **kwargs: Any) -> Any:

@@ -144,6 +144,7 @@ EXPECTED: dict[str, dict[str, int]] = {
     "outlive_setpgid": FULL,
     # evading forbidden-call detection
     "forbidden_pop_mode": zero("softmax"),
+    "forbidden_other_kernels": zero("softmax"),
     "forbidden_torch_c_kernel": zero("softmax"),
     "forbidden_early_reference": zero("softmax"),
     "forbidden_clear_record": zero("softmax"),
