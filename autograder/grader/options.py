@@ -8,6 +8,7 @@ module imports ``cli``.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import sys
@@ -157,9 +158,11 @@ def quick_exit(code: int) -> NoReturn:
     freeing their objects costs a tenth of a second or more, after the work is done). Only
     once nothing is left to run at exit: the fork server closed, no early one unadopted.
     Under a profiler or a tracer (cProfile, coverage) the exit is the ordinary one: they
-    write what they measured when the interpreter ends."""
+    write what they measured when the interpreter ends. Functions registered with ``atexit``
+    (a wrapper's report, logging's shutdown) still run: only the teardown is skipped."""
     if sys.getprofile() is not None or sys.gettrace() is not None:
         sys.exit(code)
+    atexit._run_exitfuncs()  # each runs once: they are unregistered as they run
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
