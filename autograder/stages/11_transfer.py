@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 import reference
-from autograder.runtime.drivers.bert import minilm_dir
+from autograder.runtime.drivers.bert import read_minilm_tokenizer
 from autograder.runtime.drivers.transfer import ProbeModel
 from autograder.stages import load_spec
 from autograder.stages.spec import (
@@ -277,11 +277,7 @@ NER_HIDDEN = (
 
 @functools.cache
 def _ner_tokenizer(pad_to: int | None, truncate_to: int | None):
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
-    tok.no_padding()
-    tok.no_truncation()
+    tok = read_minilm_tokenizer()
     if truncate_to is not None:
         tok.enable_truncation(max_length=truncate_to)
     if pad_to is not None:

@@ -38,17 +38,22 @@ def minilm_dir() -> Path:
     return Path(get_model_path())
 
 
-@functools.cache
-def minilm_tokenizer():
+def read_minilm_tokenizer():
     """MiniLM's WordPiece tokenizer (BERT's uncased vocabulary), neither padding nor
-    truncating: read once per process, shared by the stages that encode text with it (07,
-    09), which never change it."""
+    truncating, read afresh: for a caller that configures its own (11's NER encodings)."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
     tok.no_padding()  # the file pads and truncates to 128 by default
     tok.no_truncation()
     return tok
+
+
+@functools.cache
+def minilm_tokenizer():
+    """``read_minilm_tokenizer()`` once per process, shared by the stages that encode text
+    with it as it is (07, 09), which never change it."""
+    return read_minilm_tokenizer()
 
 
 _ALIGN = 64  # every tensor in the checkpoint's memory starts aligned, whatever came before
