@@ -157,20 +157,10 @@ class ForbiddenCallDetector:
 
 
 @functools.cache
-def aten_op_names() -> tuple[str, ...]:
-    """Every aten operator's name (computed once, in the fork server's warm-up)."""
-    names = {
-        n.split("::", 1)[1].split(".", 1)[0]
-        for n in torch._C._dispatch_get_all_op_names()
-        if n.startswith("aten::")
-    }
-    return tuple(sorted(names))
-
-
-@functools.cache
 def aten_overloads() -> dict[str, tuple[str, ...]]:
     """Each aten operator's overloads by its name: ``_softmax`` -> (``_softmax``,
-    ``_softmax.out``). A guard that swapped the default overload alone would let
+    ``_softmax.out``), from one pass over the dispatcher's operators (computed once, in the
+    fork server's warm-up). A guard that swapped the default overload alone would let
     ``torch.ops.aten._softmax.out`` through."""
     out: dict[str, list[str]] = {}
     for n in torch._C._dispatch_get_all_op_names():
@@ -178,6 +168,12 @@ def aten_overloads() -> dict[str, tuple[str, ...]]:
             full = n.split("::", 1)[1]
             out.setdefault(full.split(".", 1)[0], []).append(full)
     return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+@functools.cache
+def aten_op_names() -> tuple[str, ...]:
+    """Every aten operator's name, sorted."""
+    return tuple(sorted(aten_overloads()))
 
 
 # Every backend whose kernels a tensor may reach on this device: a nested, quantized, MKLDNN or
@@ -227,7 +223,7 @@ class KernelGuard:
             warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
             for name in chosen:
                 kernel = self._kernel(f"aten::{name}")
-                for overload in overloads.get(name, (name,)):
+                for overload in overloads[name]:
                     for key in keys:
                         try:
                             self._lib.impl(overload, kernel, key)

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from autograder.runtime import wire
-from autograder.runtime.drivers import require, watches_itself
+from autograder.runtime.drivers import require, watches_itself, watching
 
 
 def minilm_dir() -> Path:
@@ -160,5 +160,5 @@ def pretrained(ns: dict[str, Any], data: dict[str, Any], device: str, watch: Any
         model = bert_model(**data["init_kwargs"])
     load_pretrained(model, minilm_weights())
     model.to(device=device, dtype=dtype).eval()
-    with watch if watch is not None else contextlib.nullcontext(), torch.no_grad():
+    with watching(watch), torch.no_grad():
         return model(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)

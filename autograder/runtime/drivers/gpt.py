@@ -30,13 +30,12 @@ Nothing here computes a result.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from autograder.runtime.drivers import require, watches_itself
+from autograder.runtime.drivers import require, watches_itself, watching
 
 # GPT-2's state-dict keys (transformers' GPT2LMHeadModel), "*" for a layer's index: the
 # names to_gpt2_state_dict must produce, in GPT-2's order.
@@ -103,7 +102,7 @@ def chunked(ns: dict[str, Any], data: dict[str, Any], device: str, watch: Any = 
     model = build_model(ns, data, device, graded=True)
     (input_ids,) = data["args"]
     pieces, past = [], None
-    with watch if watch is not None else contextlib.nullcontext(), torch.no_grad():
+    with watching(watch), torch.no_grad():
         for chunk in input_ids.split(list(data["kwargs"]["chunks"]), dim=1):
             result = model(chunk) if past is None else model(chunk, past=past)
             logits, past = _logits_and_present(result)
@@ -121,7 +120,7 @@ def export(ns: dict[str, Any], data: dict[str, Any], device: str, watch: Any = N
     the order of ``GPT2_KEYS``, each layer's stacked along a new first dimension."""
     fn = require(ns, "to_gpt2_state_dict")
     model = build_model(ns, data, device)
-    with watch if watch is not None else contextlib.nullcontext(), torch.no_grad():
+    with watching(watch), torch.no_grad():
         exported = fn(model)
     if not isinstance(exported, dict):
         raise TypeError(f"to_gpt2_state_dict returned {_describe(exported)}; expected a dict")
@@ -202,7 +201,7 @@ def greedy(ns: dict[str, Any], data: dict[str, Any], device: str, watch: Any = N
     (input_ids,) = data["args"]
     n = int(data["kwargs"]["max_new_tokens"])
     calls = _Calls(model)
-    with watch if watch is not None else contextlib.nullcontext(), torch.no_grad():
+    with watching(watch), torch.no_grad():
         tokens = fn(model, input_ids.clone(), n)
     return tokens, calls.cached(input_ids.size(1), n, device)
 
@@ -230,7 +229,7 @@ def sampled(
             torch.manual_seed(global_seed)
             generator = torch.Generator(device=device).manual_seed(int(kw["seed"]))
             calls = _Calls(model)
-            with watch if watch is not None else contextlib.nullcontext():
+            with watching(watch):
                 tokens = fn(model, input_ids.clone(), n, generator, **dict(kw.get("options", {})))
             runs.append((tokens, calls.cached(input_ids.size(1), n, device)))
     (first, cached), (second, _) = runs

@@ -30,7 +30,6 @@ computes a result of yours.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any
 
@@ -38,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from autograder.runtime.drivers import require, watches_itself
+from autograder.runtime.drivers import require, watches_itself, watching
 from autograder.runtime.drivers.bert import _no_random_init, minilm_weights
 
 HEADS = {"sequence": "BertForSequenceClassification", "token": "BertForTokenClassification"}
@@ -84,7 +83,7 @@ def pretrained_head(ns: dict[str, Any], data: dict[str, Any], device: str, watch
     dtype = getattr(torch, options["dtype"])
     model.to(device=device, dtype=dtype).eval()
     _copy_in(model, data["state"], f"your {HEADS[options['head']]}")
-    with watch if watch is not None else contextlib.nullcontext(), torch.no_grad():
+    with watching(watch), torch.no_grad():
         return model(*data["args"], **_call_kwargs(data))
 
 
@@ -114,7 +113,7 @@ def states(ns: dict[str, Any], data: dict[str, Any], device: str, watch: Any = N
         model.to(device=device, dtype=next(iter(data["state"].values())).dtype)
         model.load_state_dict(data["state"], strict=True)
     model.eval()
-    with watch if watch is not None else contextlib.nullcontext(), torch.no_grad():
+    with watching(watch), torch.no_grad():
         return hidden_states(model, *data["args"], **_call_kwargs(data))
 
 
