@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from autograder.grader.report import to_gradescope
 from autograder.runtime import wire
+from autograder.runtime.detector import ForbiddenCallDetector
 from tests.support import ROOT, full_marks, max_score, no_process_left, write_py
 
 pytestmark = pytest.mark.stage01
@@ -313,6 +314,46 @@ def test_the_detector_leaves_torch_dynamo_unimported():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["['torch.softmax", "(aten::_softmax)']", "False"]
+
+
+@pytest.mark.parametrize(
+    "call, transform",
+    [
+        ("torch.func.grad(lambda x: (x * x).sum())(x)", "grad"),
+        ("torch.func.vjp(lambda x: x * x, x)[1](x)", "grad"),
+        ("torch.func.jacrev(lambda x: x * x)(x)", "grad"),
+        ("torch.func.vmap(lambda x: x * x)(x)", "vmap"),
+        ("torch.func.jvp(lambda x: x * x, (x,), (x,))", "jvp"),
+    ],
+)
+def test_a_forbidden_torch_func_transform_is_stopped_before_it_imports_torch_dynamo(call, transform):
+    """torch.func.grad's first use imports torch._dynamo (2-3 s on a loaded machine, past a
+    call's 2 s limit): a student who used it read "did not finish within 2 s" where the truth
+    is "forbidden" (CI saw it). The detector stops the transform at its first torch call."""
+    code = (
+        "import sys, torch\n"
+        "from autograder.runtime.detector import ForbiddenCallDetector\n"
+        "x = torch.randn(3, dtype=torch.float64)\n"
+        "try:\n"
+        "    with ForbiddenCallDetector(('torch.autograd.*', 'torch.func.*')) as d:\n"
+        f"        {call}\n"
+        "except RuntimeError as exc:\n"
+        "    print(type(exc).__name__)\n"
+        "print(d.found, 'torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == [
+        "ForbiddenKernel",
+        f"['torch.func ({transform} transform)'] False",
+    ], out.stdout + out.stderr
+
+
+def test_a_torch_func_transform_runs_where_the_task_allows_autograd():
+    """Only a detector whose patterns forbid torch.func stops its transforms."""
+    x = torch.randn(3, dtype=torch.float64)
+    with ForbiddenCallDetector(("aten::_softmax",)) as d:
+        got = torch.func.grad(lambda x: (x * x).sum())(x)
+    assert d.found == [] and torch.equal(got, 2 * x)
 
 
 _WIRE_DTYPES = list(wire._DTYPES.values())  # every dtype a child may send
