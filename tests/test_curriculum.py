@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +27,7 @@ from torch import nn
 
 from autograder.grader.report import to_gradescope
 from autograder.runtime import results
-from autograder.runtime.detector import ForbiddenCallDetector, ForbiddenKernel
+from autograder.runtime.detector import ForbiddenCallDetector, ForbiddenKernel, KernelGuard
 from autograder.stages import all_specs, requires, stage_ids
 from autograder.stages.spec import Graded, StageSpec
 from tests.support import ROOT
@@ -191,6 +195,27 @@ def detected(patterns: tuple[str, ...]) -> frozenset[str]:
     return frozenset(found)
 
 
+@functools.cache
+def guarded(patterns: tuple[str, ...]) -> frozenset[str]:
+    """The probes reported as forbidden as the grading child watches: a KernelGuard open on
+    ``patterns``, the detector's function mode, and no dispatch mode."""
+    found = set()
+    for name, probe in PROBES.items():
+        guard = KernelGuard(patterns)
+        detector = ForbiddenCallDetector(patterns)
+        try:
+            with detector:
+                assert not patterns or len(detector._modes) == 1, "the dispatch mode is on: nothing tested"
+                probe()
+        except ForbiddenKernel:
+            pass
+        finally:
+            guard.close()
+        if detector.found or guard.found:
+            found.add(name)
+    return frozenset(found)
+
+
 def _graded(stage: str, name: str) -> Graded:
     return SPECS[stage].graded_name(name)
 
@@ -248,6 +273,33 @@ def test_each_name_forbids_exactly_what_its_clause_lists(stage):
             f"{stage}.{g.name}: forbidden but not in [{g.clause}]: {sorted(caught - listed)}; "
             f"in [{g.clause}] but not caught: {sorted(listed - caught)}"
         )
+
+
+@pytest.fixture(scope="module")
+def caught_as_the_child_watches() -> dict[str, list[str]]:
+    """``guarded`` for every graded name, in a process set up as the grading child is:
+    torch.compile off, as the child's environment turns it (the detector watches the aten
+    operators itself wherever torch.compile is on)."""
+    code = (
+        "import json; from tests.test_curriculum import SPECS, guarded\n"
+        "print(json.dumps({f'{s}.{g.name}': sorted(guarded(tuple(g.forbidden)))"
+        " for s, spec in SPECS.items() for g in spec.graded}))\n"
+    )
+    env = {**os.environ, "TORCH_COMPILE_DISABLE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("stage", stage_ids())
+def test_the_grading_childs_kernel_guard_catches_what_the_dispatch_mode_does(
+    stage, caught_as_the_child_watches
+):
+    """The grading child leaves the aten operators to its KernelGuard (no dispatch mode):
+    every probe the self-check's detector catches, the guard stops, and nothing more."""
+    for g in SPECS[stage].graded:
+        got = set(caught_as_the_child_watches[f"{stage}.{g.name}"])
+        assert got == detected(tuple(g.forbidden)), (stage, g.name)
 
 
 # A graded name that runs the student's code of another graded name, and that name.

@@ -3,8 +3,11 @@
 ``ForbiddenCallDetector`` watches one call (a ``TorchDispatchMode`` sees every aten
 operator that runs, whatever alias reached it; a ``TorchFunctionMode`` names the public
 API call); ``KernelGuard`` swaps the forbidden operators' kernels in the grading child, so
-a detector popped or bypassed from inside still stops them. Runs in the student's kernel
-(the self-check) and in the child; imports neither the reference nor any stage spec.
+a detector popped or bypassed from inside still stops them. Where a guard is open on a
+detector's patterns (the grading child), the guard alone watches the aten operators: it
+sees every kernel that runs, in every thread, and the dispatch mode's Python hook costs
+about 11 us per operator, more than 10's small operators themselves. Runs in the student's
+kernel (the self-check) and in the child; imports neither the reference nor any stage spec.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,17 +162,37 @@ class ForbiddenCallDetector:
             if what not in self.found and api not in self.found:
                 self.found.append(what)
 
+    def _ops_guarded(self) -> bool:
+        """Does an open KernelGuard stop this detector's aten operators? Not where torch.compile
+        is on (the grading child turns it off: TORCH_COMPILE_DISABLE): code it compiled runs
+        kernels of its own, which no guard sees, and falls back to torch's under a dispatch
+        mode."""
+        guard = _OPEN_GUARD
+        if guard is None or guard.patterns != self.patterns:
+            return False
+        dynamo = sys.modules.get("torch._dynamo")
+        return dynamo is None or bool(getattr(getattr(dynamo, "config", None), "disable", False))
+
     def __enter__(self) -> ForbiddenCallDetector:
         if self.patterns:
-            self._modes = [_NameCalls(self), _WatchOps(self)]
+            self._modes = [_NameCalls(self)] if self._ops_guarded() else [_NameCalls(self), _WatchOps(self)]
             for m in self._modes:
                 m.__enter__()
+            _WATCHING.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.patterns:
+            if _WATCHING and _WATCHING[-1] is self:
+                _WATCHING.pop()
             for m in reversed(self._modes):
                 m.__exit__(None, None, None)
+
+
+# The detectors open now, innermost last: a KernelGuard's stop is recorded in the innermost,
+# named after the public call it is in ("torch.softmax (aten::_softmax)").
+_WATCHING: list[ForbiddenCallDetector] = []
+_OPEN_GUARD: KernelGuard | None = None  # the grading child's guard, while open
 
 
 @functools.cache
@@ -224,9 +248,12 @@ class KernelGuard:
     """
 
     def __init__(self, patterns: tuple[str, ...]) -> None:
+        global _OPEN_GUARD
         self.found: list[str] = []
+        self.patterns = tuple(patterns)
         self._lib = None
         chosen = _matching(tuple(p.removeprefix("aten::") for p in patterns if p.startswith("aten::")))
+        _OPEN_GUARD = self
         if not chosen:
             return
         keys = _GUARDED_KEYS + (_GUARDED_CUDA_KEYS if torch.cuda.is_available() else ())
@@ -249,11 +276,16 @@ class KernelGuard:
         def forbidden(*args: Any, **kwargs: Any) -> Any:
             if op not in self.found:
                 self.found.append(op)
+            if _WATCHING:
+                _WATCHING[-1]._saw(op)
             raise ForbiddenKernel(f"{op} is forbidden in this task")
 
         return forbidden
 
     def close(self) -> None:
+        global _OPEN_GUARD
+        if _OPEN_GUARD is self:
+            _OPEN_GUARD = None
         if self._lib is not None:
             self._lib._destroy()
             self._lib = None

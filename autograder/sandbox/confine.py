@@ -666,6 +666,9 @@ def scrubbed_env(work: Path) -> dict[str, str]:
         "MKL_NUM_THREADS": "1",
         "MPLBACKEND": "Agg",
         "MPLCONFIGDIR": str(work / ".matplotlib"),
+        # torch.compile runs the function as written: code it compiled would run kernels of
+        # its own, past the KernelGuard (read when torch._dynamo is first imported)
+        "TORCH_COMPILE_DISABLE": "1",
     }
 
 

@@ -151,6 +151,8 @@ EXPECTED: dict[str, dict[str, int]] = {
     "forbidden_patch_harness": zero("scaled_dot_product_attention"),
     "forbidden_close_guard": zero("softmax"),
     "forbidden_forge_events": zero("softmax"),
+    "forbidden_torch_compile": zero("softmax"),
+    "forbidden_in_thread": zero("softmax"),
     # the file system: symlinks, writes outside, hostile names
     "symlink_file_to_reference": ZERO,
     "symlink_dir_to_reference": ZERO,
