@@ -375,20 +375,38 @@ def test_a_grader_may_leave_counterexamples_out():
     assert r.score < r.max_score and all(t.counterexample is None for t in r.stages[0].tests)
 
 
-def test_a_search_in_two_children_picks_what_one_child_running_every_input_picks(grader, monkeypatch):
-    """A name's first ``FIRST_RUNGS`` inputs run in a first child, the others only for the
-    names still without a counterexample: dan's softmax first fails on a later input, gus's
-    attention too (his softmax within the first ones). Both found, and the same as when one
-    child runs every input."""
+def test_a_search_stopped_once_each_name_has_its_answer_picks_what_running_every_input_picks(
+    grader, monkeypatch
+):
+    """The search's child runs every name's first input, then every second, and is stopped
+    once each name has its counterexample: gus's attention first fails on a later input than
+    his softmax, and the run stops there, with fewer calls run than all of both names'. Dan's
+    attention never fails (his mistake is in softmax): his run goes on to the last input.
+    What both find is what running every input finds."""
     from autograder.grader import counterexample as search
+    from autograder.grader import runner
 
     names = {"softmax", "scaled_dot_product_attention"}
     students = ("dan_softmax_ignores_dim", "gus_unstable_softmax")
-    first = search.FIRST_RUNGS
-    two = {s: grader.counterexamples.for_stage(CLASS / s, "01_attention", names) for s in students}
-    monkeypatch.setattr(search, "FIRST_RUNGS", MAX_SMALL_CASES)
-    one = {s: grader.counterexamples.for_stage(CLASS / s, "01_attention", names) for s in students}
-    assert two == one
-    assert two["dan_softmax_ignores_dim"]["softmax"].rank > first
-    assert two["gus_unstable_softmax"]["softmax"].rank <= first
-    assert two["gus_unstable_softmax"]["scaled_dot_product_attention"].rank > first
+    ran: list[int] = []
+    real = runner.run_submission
+
+    def counted(*args, **kwargs):
+        report = real(*args, **kwargs)
+        ran.append(sum(o.status != "skipped" for o in report.calls.values()))
+        return report
+
+    grader.counterexamples.for_stage(CLASS / students[0], "01_attention", names)  # the grader's first child
+    monkeypatch.setattr(runner, "run_submission", counted)
+    stopped = {s: grader.counterexamples.for_stage(CLASS / s, "01_attention", names) for s in students}
+    stopped_ran = list(ran)
+    real_public = search.run_public
+    monkeypatch.setattr(search, "run_public", lambda *a, enough, **k: real_public(*a, **k))
+    ran.clear()
+    every = {s: grader.counterexamples.for_stage(CLASS / s, "01_attention", names) for s in students}
+    assert stopped == every
+    assert set(every["dan_softmax_ignores_dim"]) == {"softmax"}
+    assert every["dan_softmax_ignores_dim"]["softmax"].rank > 1
+    gus = every["gus_unstable_softmax"]
+    assert set(gus) == names and gus["scaled_dot_product_attention"].rank > gus["softmax"].rank
+    assert stopped_ran[0] == ran[0] and stopped_ran[1] < ran[1], (stopped_ran, ran)

@@ -19,12 +19,12 @@ exception) is the counterexample: since the order is by size, then simplicity, t
 shrinking. A name that is missing, forbidden, unfinished or hangs has none
 (``runtime.counterexample.NOT_A_COUNTEREXAMPLE``): no input could make it pass.
 
-Budget: at most ``MAX_SMALL_CASES`` calls per failing name, in at most two children per
-stage (each name's first ``FIRST_RUNGS`` inputs, then the others of the names still
-without a counterexample), held to a fifth of the stage's call limit per call (at least
-``CALL_S``, at most the stage's) and ``RUN_S`` for the whole search (cells included), on
-top of the grading run's own limits: a hanging name costs one call's limit, then its other
-inputs are skipped.
+Budget: at most ``MAX_SMALL_CASES`` calls per failing name, in one child per stage that runs
+every name's first input, then every name's second, and so on, and is stopped once each
+name has its counterexample or has run out of inputs; held to a fifth of the stage's call
+limit per call (at least ``CALL_S``, at most the stage's) and ``RUN_S`` for the whole search
+(cells included), on top of the grading run's own limits: a hanging name costs one call's
+limit, then its other inputs are skipped.
 """
 
 from __future__ import annotations
@@ -129,52 +129,27 @@ class Ladder:
 def search(
     grader: Grader, ladder: Ladder, source: Any, parts: dict | None, names: set[str], limits: Limits
 ) -> dict[str, Counterexample]:
-    """Run ``names``' small inputs on the student's code in a clean child; each name's
+    """Run ``names``' small inputs on the student's code in one clean child; each name's
     first failing input, as a ``Counterexample``.
 
-    A name's first ``FIRST_RUNGS`` inputs run first: most mistakes fail the smallest ones,
-    and a name whose every input runs (up to ``MAX_SMALL_CASES``, a model built for each
-    of 10's) costs ten times as much. The names left without a counterexample then run
-    their other inputs in a second clean child, with what remains of ``limits``' budget;
-    a name that hung or crashed is not run again (its other inputs would be skipped in one
-    child too). The input picked is the one a single child's run would pick."""
+    The inputs run by rank, every name's first before any name's second (most mistakes fail
+    the smallest ones), and the child is stopped as soon as each name has its counterexample
+    or has run out of inputs: a name whose every input would run (up to ``MAX_SMALL_CASES``,
+    a model built for each of 10's) no longer makes the others wait for it. Each name's inputs
+    still run smallest first, so the one picked is the one a run of all of them would pick.
+    A name that hangs or crashes is not run again (``run_submission``). No forbidden-call
+    watch: a name whose graded run called a forbidden function has its headline and no
+    search, and what a small input shows earns nothing."""
     hints = ladder.plan.spec.misconceptions
     picks = {name: Pick(hints) for name in names}
-    calls = [c for c in ladder.plan.calls if c.name in names]
+    rank = {index: rung.rank for index, rung in ladder.rungs.items()}
+    calls = sorted(
+        (dataclasses.replace(c, forbidden=()) for c in ladder.plan.calls if c.name in names),
+        key=lambda c: (rank[c.index], c.index),
+    )
     if not calls:
         return {}
-    rank = {index: rung.rank for index, rung in ladder.rungs.items()}
-    first = [c for c in calls if rank[c.index] <= FIRST_RUNGS]
-    report = _run_rungs(grader, ladder, source, parts, first, picks, limits)
-    stopped = {c.name for c in first if report.calls[c.index].status in _STOPPED}
-    rest = [
-        c
-        for c in calls
-        if rank[c.index] > FIRST_RUNGS and c.name not in stopped and picks[c.name].chosen is None
-    ]
-    left_s = limits.submission_s - report.wall_s
-    if rest and left_s > 0:
-        budget = dataclasses.replace(limits, cell_s=min(limits.cell_s, left_s), submission_s=left_s)
-        _run_rungs(grader, ladder, source, parts, rest, picks, budget)
-    return {name: pick.result for name, pick in picks.items() if pick.result is not None}
-
-
-# A name's inputs run in a first child (``search``); a limit hit or a crash stops the name.
-FIRST_RUNGS = 4
-_STOPPED = frozenset({"timeout", "crashed", "skipped"})
-
-
-def _run_rungs(
-    grader: Grader,
-    ladder: Ladder,
-    source: Any,
-    parts: dict | None,
-    calls: list,
-    picks: dict[str, Pick],
-    limits: Limits,
-) -> Any:
-    """Run ``calls`` in one public-only child and offer each name's outcomes, smallest first,
-    to its ``Pick``. Returns the run's report."""
+    offers = _Offers(ladder, calls, picks)
     report = run_public(
         grader.server,
         source.cells,
@@ -184,22 +159,46 @@ def _run_rungs(
         grader.device,
         limits,
         parts,
+        enough=offers.settled,
     )
-    hints = ladder.plan.spec.misconceptions
-    ran = {c.index for c in calls}
-    for pc in ladder.plan.cases:  # smallest first within each name
-        pick = picks.get(pc.graded.name)
-        if pick is None or pick.chosen is not None or pc.index not in ran:
-            continue
-        o = report.calls[pc.index]
-        result = check_case(pc.label, o.status, o.info, o.outputs, pc.expectation, hints)
-        rung = ladder.rungs[pc.index]
-        pick.offer(
-            counterexample(
-                pc.graded.name, rung.code, o.status, o.outputs, pc.expectation, result, rung.rank, rung.size
-            )
-        )
-    return report
+    offers.settled(report.calls)  # what ended after the last look: the last call, a hang, a crash
+    return {name: pick.result for name, pick in picks.items() if pick.result is not None}
+
+
+class _Offers:
+    """Offers each name's outcomes to its ``Pick``, smallest input first, as they come in."""
+
+    def __init__(self, ladder: Ladder, calls: list, picks: dict[str, Pick]) -> None:
+        self.ladder = ladder
+        self.picks = picks
+        ran = {c.index for c in calls}
+        self.cases = {name: [] for name in picks}  # each name's planned cases, smallest first
+        for pc in ladder.plan.cases:
+            if pc.index in ran and pc.graded.name in self.cases:
+                self.cases[pc.graded.name].append(pc)
+        self.next = dict.fromkeys(picks, 0)  # each name's first case not offered yet
+
+    def settled(self, outcomes: dict[int, Any]) -> bool:
+        """Offer what has come in; True once every name is settled or has no input left."""
+        hints = self.ladder.plan.spec.misconceptions
+        done = True
+        for name, cases in self.cases.items():
+            pick = self.picks[name]
+            while pick.chosen is None and self.next[name] < len(cases):
+                pc = cases[self.next[name]]
+                o = outcomes.get(pc.index)
+                if o is None:
+                    break
+                self.next[name] += 1
+                result = check_case(pc.label, o.status, o.info, o.outputs, pc.expectation, hints)
+                rung = self.ladder.rungs[pc.index]
+                pick.offer(
+                    counterexample(
+                        name, rung.code, o.status, o.outputs, pc.expectation, result, rung.rank, rung.size
+                    )
+                )
+            done = done and (pick.chosen is not None or self.next[name] == len(cases))
+        return done
 
 
 class Counterexamples:

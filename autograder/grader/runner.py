@@ -81,6 +81,7 @@ class CallOutcome:
     info: dict[str, Any] = field(default_factory=dict)
     outputs: list[tuple[str, torch.Tensor | None, dict[str, str]]] = field(default_factory=list)
     blob: bytes | None = None  # the returned values' raw bytes as the child sent them
+    loaded: bool = False  # ``outputs`` read from ``blob`` (``finish_outcome``)
 
 
 @dataclass
@@ -573,11 +574,15 @@ def run_submission(
     limits: Limits,
     parts: dict[str, list[tuple[str, str]]] | None = None,
     hidden_inputs: bytes = b"",
+    enough: Callable[[dict[int, CallOutcome]], bool] | None = None,
 ) -> RunReport:
     """Run one submission's code and calls in children; return what they produced.
     ``parts``: the same submission's earlier stages this one loads (``autograder.runtime.parts``).
     ``inputs`` hold the public calls' case data, ``hidden_inputs`` the hidden calls'
-    (safetensors files): the child gets the second only after the public calls."""
+    (safetensors files): the child gets the second only after the public calls.
+    ``enough``: asked with the outcomes so far (returned values read) each time a call ends;
+    True stops the child there, and the calls left are "skipped" (a counterexample search
+    that has its answer)."""
     t0 = time.monotonic()
     watch = _Watch(calls, len(cells))
     outcomes = watch.outcomes
@@ -588,6 +593,7 @@ def run_submission(
     restarts = 0
     max_restarts = MAX_RESTARTS + 2 * len({c.name for c in calls})
     stopped = f"not run: the submission used up its {limits.submission_s:g} s"
+    satisfied = False  # ``enough`` said so: the child was stopped on purpose
     received = 0  # bytes from every child of this submission
     clean_stdout: str | None = None  # what the code printed before it received hidden inputs
     last_exit: Queue | None = None
@@ -633,9 +639,17 @@ def run_submission(
                     limit = limits.call_s if watch.current and watch.current[0] == "call" else limits.cell_s
                     # explicit deadlines: a child that keeps talking does not stop the clocks
                     wait = min(watch.started + limit, t0 + limits.submission_s) - now
+                    ended = len(outcomes)
                     if wait <= 0 or not events.read(wait):
                         timed_out = True
                         break
+                    if enough is not None and len(outcomes) != ended:
+                        for c in calls:
+                            if c.index in outcomes:
+                                finish_outcome(c, outcomes)
+                        if enough(outcomes):
+                            satisfied = True
+                            break
                     if watch.asks_hidden:
                         watch.asks_hidden, watch.answered = False, True
                         watch.started = time.monotonic()
@@ -659,6 +673,9 @@ def run_submission(
                             confine.kill_uid(uid)
             if watch.finished:
                 last_exit = exits  # its exit and the final sweep are awaited in the background
+                break
+            if satisfied:
+                stopped = "not run: the run had what it needed"
                 break
             if received >= MAX_RECEIVED:
                 note = (
@@ -749,6 +766,7 @@ def run_public(
     device: str,
     limits: Limits,
     parts: dict[str, list[tuple[str, str]]] | None = None,
+    enough: Callable[[dict[int, CallOutcome]], bool] | None = None,
 ) -> RunReport:
     """Run a submission's code and public calls only, in fresh children that never receive
     a hidden input: there is no hidden phase (the plan says none, so a child neither opens
@@ -761,25 +779,31 @@ def run_public(
     # an earlier job of this submission (the one that held hidden inputs) may still be
     # ending in the background: its uid's processes are swept before a new child exists
     server.drain()
-    report = run_submission(server, cells, module_name, calls, inputs, device, limits, parts)
+    report = run_submission(server, cells, module_name, calls, inputs, device, limits, parts, enough=enough)
     if report.private_stdout or report.private_notes or report.private_cell_errors:
         raise RuntimeError("a public-only run released hidden inputs")  # cannot happen: none were given
     return report
 
 
 def finish_outcomes(calls: list[Planned], outcomes: dict[int, CallOutcome], stopped: str) -> None:
-    """Every call gets an outcome; a reported success gets its returned values as tensors,
-    checked against what the child said they are (a malformed report fails that call)."""
+    """Every call gets an outcome; a reported success gets its returned values as tensors."""
     for c in calls:
-        outcome = outcomes.setdefault(c.index, CallOutcome("skipped", {"message": stopped}))
-        if outcome.status == "ok":
-            try:
-                outcome.outputs = _load_outputs(outcome.blob, outcome.info.get("outputs"), len(c.outputs))
-                outcome.blob = None
-            except ValueError as exc:  # wire.unpack and _load_outputs say what is malformed
-                outcomes[c.index] = CallOutcome(
-                    "bad_return", {"message": f"unreadable returned values ({str(exc)[:200]})"}
-                )
+        outcomes.setdefault(c.index, CallOutcome("skipped", {"message": stopped}))
+        finish_outcome(c, outcomes)
+
+
+def finish_outcome(c: Planned, outcomes: dict[int, CallOutcome]) -> None:
+    """A reported success of ``c`` gets its returned values as tensors, checked against what
+    the child said they are (a malformed report fails that call). Once per outcome."""
+    outcome = outcomes[c.index]
+    if outcome.status == "ok" and not outcome.loaded:
+        try:
+            outcome.outputs = _load_outputs(outcome.blob, outcome.info.get("outputs"), len(c.outputs))
+            outcome.blob, outcome.loaded = None, True
+        except ValueError as exc:  # wire.unpack and _load_outputs say what is malformed
+            outcomes[c.index] = CallOutcome(
+                "bad_return", {"message": f"unreadable returned values ({str(exc)[:200]})"}
+            )
 
 
 def _write_hidden(path: Path, calls: list[Planned], inputs: bytes) -> None:
