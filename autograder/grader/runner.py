@@ -644,9 +644,8 @@ def run_submission(
                         timed_out = True
                         break
                     if enough is not None and len(outcomes) != ended:
-                        for c in calls:
-                            if c.index in outcomes:
-                                finish_outcome(c, outcomes)
+                        for i in list(outcomes)[ended:]:  # the calls that just ended (insertion order)
+                            finish_outcome(by_index[i], outcomes)
                         if enough(outcomes):
                             satisfied = True
                             break

@@ -214,10 +214,8 @@ HIDDEN_PAIR = ("Where did the river flood?", "The river flooded the fields near 
 def encode(sentences: tuple[str | tuple[str, str], ...]) -> tuple[Tensor, Tensor, Tensor]:
     """Real WordPiece ids, padded with [PAD] (id 0): input_ids, token_type_ids,
     attention_mask, each (B, L) int64."""
-    encodings = [
-        minilm_tokenizer().encode(*s) if isinstance(s, tuple) else minilm_tokenizer().encode(s)
-        for s in sentences
-    ]
+    tok = minilm_tokenizer()
+    encodings = [tok.encode(*s) if isinstance(s, tuple) else tok.encode(s) for s in sentences]
     length = max(len(e.ids) for e in encodings)
     out = torch.zeros(3, len(encodings), length, dtype=torch.int64)
     for i, e in enumerate(encodings):
