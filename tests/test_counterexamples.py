@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from autograder.runtime.counterexample import MAX_SHOWN, Pick, literal, tensor_literal
 from autograder.runtime.results import Counterexample, counterexample_text
 from autograder.stages import load_spec
-from autograder.stages.spec import MAX_SMALL_CASES
-from tests.support import CALL_S, DEVICE, ROOT, once_per_session
+from autograder.stages.spec import MAX_SMALL_CASES, small_cases
+from tests.support import CALL_S, DEVICE, ROOT, once_per_session, write_py
 from tests.test_examples import CLASS, EXPECTED, _grade_class
 
 # The failing names of the example class that have no counterexample, and why: none of them
@@ -375,19 +375,44 @@ def test_a_grader_may_leave_counterexamples_out():
     assert r.score < r.max_score and all(t.counterexample is None for t in r.stages[0].tests)
 
 
-def test_a_search_stopped_once_each_name_has_its_answer_picks_what_running_every_input_picks(
-    grader, monkeypatch
-):
-    """The search's child runs every name's first input, then every second, and is stopped
-    once each name has its counterexample: gus's attention first fails on a later input than
-    his softmax, and the run stops there, with fewer calls run than all of both names'. Dan's
-    attention never fails (his mistake is in softmax): his run goes on to the last input.
-    What both find is what running every input finds."""
+def test_a_search_in_two_children_picks_what_one_child_running_every_input_picks(grader, monkeypatch):
+    """A name's first ``FIRST_RUNGS`` inputs run in a first child, the others only for the
+    names still without a counterexample: dan's softmax first fails on a later input, gus's
+    attention too (his softmax within the first ones). Both found, and the same as when one
+    child runs every input."""
     from autograder.grader import counterexample as search
-    from autograder.grader import runner
 
     names = {"softmax", "scaled_dot_product_attention"}
     students = ("dan_softmax_ignores_dim", "gus_unstable_softmax")
+    first = search.FIRST_RUNGS
+    two = {s: grader.counterexamples.for_stage(CLASS / s, "01_attention", names) for s in students}
+    monkeypatch.setattr(search, "FIRST_RUNGS", MAX_SMALL_CASES)
+    one = {s: grader.counterexamples.for_stage(CLASS / s, "01_attention", names) for s in students}
+    assert two == one
+    assert two["dan_softmax_ignores_dim"]["softmax"].rank > first
+    assert two["gus_unstable_softmax"]["softmax"].rank <= first
+    assert two["gus_unstable_softmax"]["scaled_dot_product_attention"].rank > first
+
+
+SLOW_WRONG_SOFTMAX = """
+import time
+
+
+def softmax(x, dim=-1):
+    time.sleep(0.15)  # long enough for the grader to stop the child between two calls
+    return x * 2
+"""
+
+
+def test_a_search_child_is_stopped_once_its_names_have_their_answer(grader, monkeypatch, tmp_path):
+    """A softmax wrong on every input: its counterexample is among the first inputs, and the
+    child is stopped there instead of running all of them. It is the one a run of every
+    input picks."""
+    from autograder.grader import counterexample as search
+    from autograder.grader import runner
+
+    monkeypatch.setattr(search, "FIRST_RUNGS", MAX_SMALL_CASES)  # every input in one child
+    sub = write_py(tmp_path / "slow", "01_attention", SLOW_WRONG_SOFTMAX)
     ran: list[int] = []
     real = runner.run_submission
 
@@ -396,17 +421,13 @@ def test_a_search_stopped_once_each_name_has_its_answer_picks_what_running_every
         ran.append(sum(o.status != "skipped" for o in report.calls.values()))
         return report
 
-    grader.counterexamples.for_stage(CLASS / students[0], "01_attention", names)  # the grader's first child
     monkeypatch.setattr(runner, "run_submission", counted)
-    stopped = {s: grader.counterexamples.for_stage(CLASS / s, "01_attention", names) for s in students}
-    stopped_ran = list(ran)
+    stopped = grader.counterexamples.for_stage(sub, "01_attention", {"softmax"})
     real_public = search.run_public
     monkeypatch.setattr(search, "run_public", lambda *a, enough, **k: real_public(*a, **k))
-    ran.clear()
-    every = {s: grader.counterexamples.for_stage(CLASS / s, "01_attention", names) for s in students}
-    assert stopped == every
-    assert set(every["dan_softmax_ignores_dim"]) == {"softmax"}
-    assert every["dan_softmax_ignores_dim"]["softmax"].rank > 1
-    gus = every["gus_unstable_softmax"]
-    assert set(gus) == names and gus["scaled_dot_product_attention"].rank > gus["softmax"].rank
-    assert stopped_ran[0] == ran[0] and stopped_ran[1] < ran[1], (stopped_ran, ran)
+    every = grader.counterexamples.for_stage(sub, "01_attention", {"softmax"})
+    spec = load_spec("01_attention")
+    inputs = len(small_cases(spec, spec.graded_name("softmax")))
+    assert stopped == every and stopped["softmax"].rank <= 2
+    stopped_ran, every_ran = ran[-2:]  # (a grader's first child, its start-up check, may come first)
+    assert every_ran == inputs and stopped_ran <= inputs // 2, (ran, inputs)

@@ -19,12 +19,12 @@ exception) is the counterexample: since the order is by size, then simplicity, t
 shrinking. A name that is missing, forbidden, unfinished or hangs has none
 (``runtime.counterexample.NOT_A_COUNTEREXAMPLE``): no input could make it pass.
 
-Budget: at most ``MAX_SMALL_CASES`` calls per failing name, in one child per stage that runs
-every name's first input, then every name's second, and so on, and is stopped once each
-name has its counterexample or has run out of inputs; held to a fifth of the stage's call
-limit per call (at least ``CALL_S``, at most the stage's) and ``RUN_S`` for the whole search
-(cells included), on top of the grading run's own limits: a hanging name costs one call's
-limit, then its other inputs are skipped.
+Budget: at most ``MAX_SMALL_CASES`` calls per failing name, in at most two children per
+stage (each name's first ``FIRST_RUNGS`` inputs, then the others of the names still
+without a counterexample), each stopped once its names have their counterexamples; held to
+a fifth of the stage's call limit per call (at least ``CALL_S``, at most the stage's) and
+``RUN_S`` for the whole search (cells included), on top of the grading run's own limits: a
+hanging name costs one call's limit, then its other inputs are skipped.
 """
 
 from __future__ import annotations
@@ -129,26 +129,56 @@ class Ladder:
 def search(
     grader: Grader, ladder: Ladder, source: Any, parts: dict | None, names: set[str], limits: Limits
 ) -> dict[str, Counterexample]:
-    """Run ``names``' small inputs on the student's code in one clean child; each name's
+    """Run ``names``' small inputs on the student's code in a clean child; each name's
     first failing input, as a ``Counterexample``.
 
-    The inputs run by rank, every name's first before any name's second (most mistakes fail
-    the smallest ones), and the child is stopped as soon as each name has its counterexample
-    or has run out of inputs: a name whose every input would run (up to ``MAX_SMALL_CASES``,
-    a model built for each of 10's) no longer makes the others wait for it. Each name's inputs
-    still run smallest first, so the one picked is the one a run of all of them would pick.
-    A name that hangs or crashes is not run again (``run_submission``). No forbidden-call
-    watch: a name whose graded run called a forbidden function has its headline and no
-    search, and what a small input shows earns nothing."""
+    Every name's first ``FIRST_RUNGS`` inputs run first, every name's first before any
+    name's second: most mistakes fail the smallest ones, and a name whose every input runs
+    (up to ``MAX_SMALL_CASES``, a model built for each of 10's) costs ten times as much. The
+    names left without a counterexample then run their other inputs, name by name, in a
+    second clean child, with what remains of ``limits``' budget; a name that hung or crashed
+    is not run again (its other inputs would be skipped in one child too). Each child is
+    stopped as soon as each of its names has its counterexample. Each name's inputs run
+    smallest first, so the input picked is the one a single child's run of every input
+    would pick. No forbidden-call watch: a name whose graded run called a forbidden function
+    has its headline and no search, and what a small input shows earns nothing."""
     hints = ladder.plan.spec.misconceptions
     picks = {name: Pick(hints) for name in names}
-    rank = {index: rung.rank for index, rung in ladder.rungs.items()}
-    calls = sorted(
-        (dataclasses.replace(c, forbidden=()) for c in ladder.plan.calls if c.name in names),
-        key=lambda c: (rank[c.index], c.index),
-    )
+    calls = [dataclasses.replace(c, forbidden=()) for c in ladder.plan.calls if c.name in names]
     if not calls:
         return {}
+    rank = {index: rung.rank for index, rung in ladder.rungs.items()}
+    first = sorted((c for c in calls if rank[c.index] <= FIRST_RUNGS), key=lambda c: (rank[c.index], c.index))
+    report = _run_rungs(grader, ladder, source, parts, first, picks, limits)
+    stopped = {c.name for c in first if report.calls[c.index].status in _STOPPED}
+    rest = [
+        c
+        for c in calls
+        if rank[c.index] > FIRST_RUNGS and c.name not in stopped and picks[c.name].chosen is None
+    ]
+    left_s = limits.submission_s - report.wall_s
+    if rest and left_s > 0:
+        budget = dataclasses.replace(limits, cell_s=min(limits.cell_s, left_s), submission_s=left_s)
+        _run_rungs(grader, ladder, source, parts, rest, picks, budget)
+    return {name: pick.result for name, pick in picks.items() if pick.result is not None}
+
+
+# A name's inputs run in a first child (``search``); a limit hit or a crash stops the name.
+FIRST_RUNGS = 4
+_STOPPED = frozenset({"timeout", "crashed", "skipped"})
+
+
+def _run_rungs(
+    grader: Grader,
+    ladder: Ladder,
+    source: Any,
+    parts: dict | None,
+    calls: list,
+    picks: dict[str, Pick],
+    limits: Limits,
+) -> Any:
+    """Run ``calls`` in one public-only child, stopped once each of their names is settled,
+    and offer each name's outcomes, smallest first, to its ``Pick``. Returns the run's report."""
     offers = _Offers(ladder, calls, picks)
     report = run_public(
         grader.server,
@@ -162,7 +192,7 @@ def search(
         enough=offers.settled,
     )
     offers.settled(report.calls)  # what ended after the last look: the last call, a hang, a crash
-    return {name: pick.result for name, pick in picks.items() if pick.result is not None}
+    return report
 
 
 class _Offers:
@@ -172,7 +202,8 @@ class _Offers:
         self.ladder = ladder
         self.picks = picks
         ran = {c.index for c in calls}
-        self.cases = {name: [] for name in picks}  # each name's planned cases, smallest first
+        # each name's cases in this run, smallest first (a name with none here is settled)
+        self.cases: dict[str, list] = {name: [] for name in picks}
         for pc in ladder.plan.cases:
             if pc.index in ran and pc.graded.name in self.cases:
                 self.cases[pc.graded.name].append(pc)
