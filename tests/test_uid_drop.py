@@ -34,6 +34,8 @@ pytestmark = [
 ]
 NO_READ_SEARCH = ["setpriv", "--bounding-set", "-dac_read_search"]  # as Docker's default set
 NO_SETUID = ["setpriv", "--bounding-set", "-setuid"]  # no job uid at all
+NO_BOX = ["setpriv", "--bounding-set", "-dac_read_search,-sys_admin"]  # no namespaces either
+WEAK_ENV = "BERTLAB_ALLOW_WEAK_SANDBOX"
 
 
 def hidden_ancestor(path: Path) -> Path | None:
@@ -48,12 +50,16 @@ PYTHON_HIDDEN = hidden_ancestor(Path(sys.base_prefix) / "lib")
 
 
 def run(
-    argv: list[str], prefix: list[str] = (), reveal_python: bool = False, **kw
+    argv: list[str],
+    prefix: list[str] = (),
+    reveal_python: bool = False,
+    env: dict[str, str] | None = None,
+    **kw,
 ) -> subprocess.CompletedProcess:
     """``argv`` under ``prefix``; with ``reveal_python``, in a private mount namespace where
     job uids may pass through to the Python installation (the rest of its hiding directory
     stays hidden: an empty directory is mounted over it)."""
-    env = {**os.environ, "COLUMNS": "250", "HOME": tempfile.gettempdir()}
+    env = {**os.environ, "COLUMNS": "250", "HOME": tempfile.gettempdir(), **(env or {})}
     command = [*prefix, *argv]
     skel = None
     if reveal_python and PYTHON_HIDDEN is not None:
@@ -198,10 +204,12 @@ def test_detect_says_when_a_job_uid_cannot_read_python():
     assert "grading refuses to start" in detail
 
 
-def grade(prefix: list[str], out: Path, reveal_python: bool = False) -> subprocess.CompletedProcess:
+def grade(
+    prefix: list[str], out: Path, reveal_python: bool = False, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     students = [EXAMPLES / "ada_correct_matmul", EXAMPLES / "carol_scale_by_d"]
     argv = [sys.executable, "-m", "autograder", "grade", *map(str, students), "--stage", STAGE]
-    return run([*argv, "--results-dir", str(out)], prefix, reveal_python)
+    return run([*argv, "--results-dir", str(out)], prefix, reveal_python, env=env)
 
 
 def scores(out: Path) -> dict[str, float]:
@@ -221,8 +229,29 @@ def test_a_job_uid_with_no_capabilities_grades_as_the_full_sandbox(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(PYTHON_HIDDEN is None, reason="this Python is readable by every user")
-def test_grading_refuses_to_start_when_a_job_uid_cannot_import(tmp_path):
+def test_the_job_box_shows_a_job_uid_the_python_installation_and_nothing_else_of_its_home(tmp_path):
+    """Without CAP_DAC_READ_SEARCH in its bounding set the grader still makes job boxes
+    (it keeps CAP_SYS_ADMIN): the box mounts an empty tmpfs over the private home and only
+    the Python installation's branch in it, so a job uid with no capability imports."""
     proc = grade(NO_READ_SEARCH, tmp_path / "results")
+    assert proc.returncode == 0, proc.stderr
+    assert scores(tmp_path / "results") == {"ada_correct_matmul": max_score(STAGE), "carol_scale_by_d": 8}
+
+
+@pytest.mark.slow
+def test_grading_refuses_to_start_where_no_job_box_can_be_made(tmp_path):
+    """Docker's default set has neither capability: no namespaces, so no box; grading
+    refuses (a submission could outlive its job and reach other jobs) unless told."""
+    proc = grade(NO_BOX, tmp_path / "results")
+    assert proc.returncode == 3, proc.stderr
+    assert "this machine allows no job box" in proc.stderr and WEAK_ENV in proc.stderr
+    assert not (tmp_path / "results").exists()  # no student got a 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(PYTHON_HIDDEN is None, reason="this Python is readable by every user")
+def test_grading_without_a_box_refuses_to_start_when_a_job_uid_cannot_import(tmp_path):
+    proc = grade(NO_BOX, tmp_path / "results", env={WEAK_ENV: "1"})
     assert proc.returncode == 3, proc.stderr
     assert "cannot grade here: a confined child could not run a trivial submission" in proc.stderr
     assert "PermissionError" in proc.stderr and str(Path(sys.base_prefix).resolve()) in proc.stderr

@@ -33,7 +33,7 @@ import torch
 from autograder.grader.launch import Launched, adopt, launch
 from autograder.runtime import wire
 from autograder.runtime.harness import CallSpec
-from autograder.sandbox import confine
+from autograder.sandbox import confine, jail
 from autograder.sandbox.confine import SandboxUnusable
 
 # What the grader accepts from the children of one submission. Every byte a child sends is
@@ -220,7 +220,15 @@ class ForkServer:
 
     def self_test(self) -> str | None:
         """Confine a child and make one call in it, as grading does: None if it answered
-        right, else why not."""
+        right, else why not. A machine that allows no job box (``jail.support``) is refused
+        unless ``jail.WEAK_ENV`` says to grade without one."""
+        found = jail.support()
+        if found.mode is None and not jail.weak_allowed():
+            return (
+                f"this machine allows no job box (PID, mount and network namespaces): {found.reason}. "
+                f"Without one, a submission can outlive its job and reach other jobs. Set "
+                f"{jail.WEAK_ENV}=1 to grade anyway (README: Security model)"
+            )
         x = torch.arange(3, dtype=torch.float64)
         skeletons, tensors = encode_inputs([(0, {"args": (x,)})])
         call = Planned(0, "double", "function", ("y",), (), skeletons[0])
@@ -242,17 +250,22 @@ class ForkServer:
         why = [*errors, report.stdout.strip(), *report.notes, call]
         return "a confined child could not run a trivial submission: " + "; ".join(w for w in why if w)
 
-    def fork(self, job: Path, event_w: int, control_r: int | None = None) -> tuple[int, Queue]:
+    def fork(
+        self, job: Path, event_w: int, control_r: int | None = None, box: jail.BoxSpec | None = None
+    ) -> tuple[int, Queue]:
         """Fork a child for ``job``: it writes events to ``event_w`` and reads the
-        parent's go-ahead for hidden inputs from ``control_r``."""
+        parent's go-ahead for hidden inputs from ``control_r``; in ``box`` (``jail.py``),
+        if given: then the pid is the job's keeper's."""
         self.wait_ready()
         fds = [event_w] if control_r is None else [event_w, control_r]
+        request = {"job": str(job), "id": 0, "box": box.to_json() if box else None}
         with self._lock:
             rid = self._next
             self._next += 1
             q: Queue = Queue()
             self._waiting[rid] = q
-            socket.send_fds(self.sock, [json.dumps({"job": str(job), "id": rid}).encode()], fds)
+            request["id"] = rid
+            socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
         reply = q.get(timeout=60)
         if "pid" not in reply:
             raise RuntimeError("the fork server stopped: see the messages above")
@@ -605,6 +618,10 @@ def run_submission(
         job = Path(tmp)
         (job / "work").mkdir()
         os.chmod(job, 0o711)  # the child's unprivileged uid may pass through to its work dir
+        budget = confine.Budget()
+        box, cgroup = job_end.enter_context(
+            jail.job_box(job, uid, budget.work_dir_bytes, budget.memory_bytes, budget.processes, device)
+        )
         plan = {
             "module_name": module_name,
             "device": device,
@@ -621,12 +638,19 @@ def run_submission(
         hidden_file.touch(mode=0o600)
         while True:
             (job / "resume.json").write_text(
-                json.dumps({"skip_cells": skip_cells, "skip_calls": sorted(outcomes), "uid": uid})
+                json.dumps(
+                    {
+                        "skip_cells": skip_cells,
+                        "skip_calls": sorted(outcomes),
+                        "uid": uid,
+                        "boxed": box is not None,
+                    }
+                )
             )
             r, w = os.pipe()
             control_r, control_w = os.pipe()
             try:
-                pid, exits = server.fork(job, w, control_r)
+                pid, exits = server.fork(job, w, control_r, box)
             finally:
                 os.close(w)
                 os.close(control_r)
@@ -668,7 +692,9 @@ def run_submission(
                     try:  # reaped first, so the sweep below finds only what detached
                         code = exits.get(timeout=30).get("exit")
                     finally:
-                        if uid is not None:  # whatever detached from the group still has the job's uid
+                        if cgroup is not None:  # a box's processes died with its init; its cgroup's too
+                            cgroup.kill()
+                        if uid is not None and box is None:  # no PID namespace: by the job's uid
                             confine.kill_uid(uid)
             if watch.finished:
                 last_exit = exits  # its exit and the final sweep are awaited in the background

@@ -216,7 +216,9 @@ def main(job_dir: str, event_fd: int, control_fd: int | None = None) -> int:
     # Everything the child needs is read: from here on it can reach nothing else.
     started = time.perf_counter()
     try:
-        layers, failed = confine.confine(work, resume.get("uid"), confine.Budget(**plan.get("budget", {})))
+        layers, failed = confine.confine(
+            work, resume.get("uid"), confine.Budget(**plan.get("budget", {})), boxed=bool(resume.get("boxed"))
+        )
     except OSError as exc:  # no student code runs unconfined; the grader's start-up check says why
         print(f"bertlab: the sandbox could not be set up: {exc}", file=sys.stderr, flush=True)
         return CONFINE_FAILED

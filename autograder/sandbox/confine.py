@@ -464,14 +464,27 @@ _NR_IO_URING_SETUP, _NR_IO_URING_REGISTER = 425, 427  # setup, enter, register
 # mq_getsetattr (240-245)
 _NR_OUTLIVING = (29, 30, 31, 64, 65, 66, 67, 68, 69, 70, 71, 220, 240, 241, 242, 243, 244, 245)
 _NR_KEYS = (248, 249, 250)  # add_key, request_key, keyctl: the session keyring is shared
+# exec: any program the child could start (a shell, a compiler, a fresh interpreter, a
+# binary it wrote) would run outside the forbidden-call detector and the kernel guard
+_NR_EXEC = (59, 322)  # execve, execveat
+# memory no limit of the process counts: a memfd's pages written with write(2) are not in
+# its address space (RLIMIT_AS), and the work dir's tmpfs does not hold them
+_NR_MEMFD = (319, 447)  # memfd_create, memfd_secret
+# new namespaces and mounts: the job's own (jail.py) are made before the filter; a user
+# namespace of its own would give the child every capability over namespaces it makes
+# unshare, setns, mount, umount2, pivot_root, open_tree .. fspick, mount_setattr
+_NR_NAMESPACES = (272, 308, 165, 166, 155, 428, 429, 430, 431, 432, 433, 442)
+_NR_CLONE, _NR_CLONE3 = 56, 435
+_CLONE_NEW_MASK = 0x7E020080  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET, NEWTIME
 _RET_KILL_PROCESS, _RET_ALLOW, _RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
 _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC = 1, 1
 # Families whose sockets the child's empty network namespace confines (netlink: glibc's
 # resolver asks it about interfaces). Every other family reaches outside it: AF_UNIX
 # pathname sockets are files, AF_VSOCK talks to the hypervisor's host, ...
-_SOCKET_FAMILIES = (2, 10, 16)  # AF_INET, AF_INET6, AF_NETLINK
-_AF_UNIX, _SOCK_STREAM, _SOCK_SEQPACKET, _SOCK_TYPE_MASK = 1, 1, 5, 0xF
-_EACCES, _ENOSYS = 13, 38
+_SOCKET_FAMILIES = (2, 10)  # AF_INET, AF_INET6
+_AF_UNIX, _AF_NETLINK, _NETLINK_ROUTE = 1, 16, 0
+_SOCK_STREAM, _SOCK_SEQPACKET, _SOCK_TYPE_MASK = 1, 5, 0xF
+_EPERM, _EACCES, _ENOSYS = 1, 13, 38
 
 
 def _assemble(program: list) -> list[tuple[int, int, int, int]]:
@@ -513,12 +526,23 @@ def seccomp_program() -> list[tuple[int, int, int, int]]:
     - System V IPC (shared memory, semaphores, message queues), POSIX message queues and
       the keyrings fail with ENOSYS: their objects outlive a job and are found by key, so
       they would carry what one job saw (hidden inputs) to the next.
+    - netlink sockets only of NETLINK_ROUTE (glibc asks it about interfaces: the job's own
+      namespace's); NETLINK_USERSOCK and the rest fail with EACCES.
+    - execve/execveat fail with EACCES: a program the child starts (a fresh interpreter, a
+      shell, a binary written to its work dir) would compute outside the forbidden-call
+      detector and the kernel guard.
+    - memfd_create/memfd_secret fail with ENOSYS: a memfd's pages, written with write(2),
+      are in no address space (RLIMIT_AS does not see them).
+    - unshare, setns, clone with a CLONE_NEW* flag, mount and the new mount API fail with
+      EPERM; clone3 with ENOSYS (glibc then uses clone, whose flags the filter can read):
+      the job's namespaces are made before the filter, and a user namespace of its own
+      would hand the child every capability over whatever it builds in it.
 
     Arguments are compared on their low 32 bits, as the kernel reads an ``int``.
     """
     # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_{JEQ,JGE,JGT}|BPF_K, BPF_ALU|BPF_AND|BPF_K, BPF_RET|BPF_K
-    ld, jeq, jge, jgt, and_, ret = 0x20, 0x15, 0x35, 0x25, 0x54, 0x06
-    nr, arch, arg0, arg1 = 0, 4, 16, 24  # offsets in struct seccomp_data
+    ld, jeq, jge, jgt, jset, and_, ret = 0x20, 0x15, 0x35, 0x25, 0x45, 0x54, 0x06
+    nr, arch, arg0, arg1, arg2 = 0, 4, 16, 24, 32  # offsets in struct seccomp_data
     program: list = [
         (ld, 0, 0, arch),
         (jeq, 0, "kill", _AUDIT_ARCH_X86_64),
@@ -526,13 +550,21 @@ def seccomp_program() -> list[tuple[int, int, int, int]]:
         (jge, "kill", 0, _X32_SYSCALL_BIT),
         (jeq, "socket", 0, _NR_SOCKET),
         (jeq, "socketpair", 0, _NR_SOCKETPAIR),
-        *[(jeq, "enosys", 0, n) for n in (*_NR_OUTLIVING, *_NR_KEYS)],
+        (jeq, "clone", 0, _NR_CLONE),
+        *[(jeq, "enosys", 0, n) for n in (*_NR_OUTLIVING, *_NR_KEYS, *_NR_MEMFD, _NR_CLONE3)],
+        *[(jeq, "eacces", 0, n) for n in _NR_EXEC],
+        *[(jeq, "eperm", 0, n) for n in _NR_NAMESPACES],
         (jge, 0, "allow", _NR_IO_URING_SETUP),
         (jgt, "allow", "enosys", _NR_IO_URING_REGISTER),
+        "clone",
+        (ld, 0, 0, arg0),
+        (jset, "eperm", "allow", _CLONE_NEW_MASK),
         "socket",
         (ld, 0, 0, arg0),
         *[(jeq, "allow", 0, family) for family in _SOCKET_FAMILIES],
-        (ret, 0, 0, _RET_ERRNO | _EACCES),
+        (jeq, 0, "eacces", _AF_NETLINK),
+        (ld, 0, 0, arg2),
+        (jeq, "allow", "eacces", _NETLINK_ROUTE),
         "socketpair",
         (ld, 0, 0, arg0),
         (jeq, 0, "eacces", _AF_UNIX),
@@ -544,6 +576,8 @@ def seccomp_program() -> list[tuple[int, int, int, int]]:
         (ret, 0, 0, _RET_ALLOW),
         "eacces",
         (ret, 0, 0, _RET_ERRNO | _EACCES),
+        "eperm",
+        (ret, 0, 0, _RET_ERRNO | _EPERM),
         "enosys",
         (ret, 0, 0, _RET_ERRNO | _ENOSYS),
         "kill",
@@ -583,6 +617,8 @@ def _seccomp_works() -> bool:
             (_NR_SOCKET, (_AF_UNIX, _SOCK_STREAM, 0), _EACCES),
             (_NR_IO_URING_SETUP, (1, 0), _ENOSYS),
             (_NR_OUTLIVING[0], (0, 4096, 0o1666), _ENOSYS),  # shmget(IPC_PRIVATE, ..., IPC_CREAT)
+            (_NR_EXEC[0], (0, 0, 0), _EACCES),  # execve(NULL, ...): refused before it is read
+            (_NR_MEMFD[0], (0, 0), _ENOSYS),
         ):
             fd = _libc.syscall(nr, *(ctypes.c_long(a) for a in args))
             refused.append(fd < 0 and ctypes.get_errno() == errno)
@@ -672,9 +708,11 @@ def scrubbed_env(work: Path) -> dict[str, str]:
     }
 
 
-def confine(work: Path, uid: int | None, budget: Budget) -> tuple[list[str], list[str]]:
+def confine(work: Path, uid: int | None, budget: Budget, boxed: bool = False) -> tuple[list[str], list[str]]:
     """Apply every available layer to this process (the child, still root if the grader is),
-    after it has read its inputs and before any student code runs.
+    after it has read its inputs and before any student code runs. ``boxed``: the child
+    runs in a job's box (``jail.py``), which has mounted its work dir and made the Python
+    installation readable without CAP_DAC_READ_SEARCH: the uid keeps no capability.
 
     Returns (layers applied, layers that failed with why). A layer the machine refuses is
     reported, not fatal: ``doctor`` and the grader's warning say what is missing.
@@ -692,7 +730,7 @@ def confine(work: Path, uid: int | None, budget: Budget) -> tuple[list[str], lis
         applied.append(name)
         return True
 
-    if root and not attempt(
+    if root and not boxed and not attempt(
         "private tmpfs work dir", lambda: _private_tmpfs(work, budget.work_dir_bytes, uid)
     ):
         if uid is not None:
@@ -703,11 +741,16 @@ def confine(work: Path, uid: int | None, budget: Budget) -> tuple[list[str], lis
     abi = landlock_abi()
     landlocked = bool(abi) and attempt(f"landlock ABI {abi}", lambda: _landlock(abi, work))
     if root and uid is not None:
-        refused = _drop_to(uid, keep_read_search=landlocked)  # raises: never run student code as root
+        keep = landlocked and not boxed
+        refused = _drop_to(uid, keep_read_search=keep)  # raises: never run student code as root
         if refused:
             failed.append(f"CAP_DAC_READ_SEARCH refused ({refused}): uid {uid} has no capabilities")
-        kept = landlocked and not refused
+        kept = keep and not refused
         applied.append(f"uid {uid}" + (" + CAP_DAC_READ_SEARCH" if kept else ", no capabilities"))
+    elif boxed and _capabilities().get("CapEff"):
+        # a user namespace's "root" (the grader's own uid): every capability over the job's
+        # namespaces, which the worker needs none of
+        attempt("no capabilities", lambda: _capset(0))
     os.environ.clear()
     os.environ.update(scrubbed_env(work))
     import tempfile

@@ -6,14 +6,17 @@ interpreter, so it has never imported the reference, a stage spec or an expected
 nothing secret can be inherited by a fork), imports ``autograder.sandbox.child`` and then waits.
 
 Protocol, over an inherited SOCK_SEQPACKET socket (its fd number is argv[1]):
-  parent -> server  {"job": DIR, "id": N}  with fds attached: the event pipe's write end and
-                                          the read end of the parent's go-ahead for hidden inputs
+  parent -> server  {"job": DIR, "id": N, "box": SPEC}  with fds attached: the event pipe's
+                                          write end and the read end of the parent's go-ahead
+                                          for hidden inputs; SPEC (``jail.BoxSpec``) the job's
+                                          namespaces and cgroup, or null
   parent -> server  {"warm": [EXTRA, ...]} load these (``EXTRAS``) before the next fork; no reply
   server -> parent  {"ready": true}       once warm, before any request
   server -> parent  {"id": N, "pid": PID}  once forked
   server -> parent  {"id": N, "exit": CODE} when it has exited (negative: killed by signal)
 The child starts a new session, so the parent can kill it and everything it spawned
-with one ``killpg``.
+with one ``killpg``. In a box (``jail.py``) that child is the job's keeper: killing it
+kills the job's init, and with init every process of the job's PID namespace.
 """
 
 from __future__ import annotations
@@ -26,15 +29,18 @@ import socket
 import sys
 
 
-def _child(sock: socket.socket, job: str, event_fd: int, control_fd: int | None) -> None:
+def _child(sock: socket.socket, job: str, event_fd: int, control_fd: int | None, box: dict | None) -> None:
     code = 70
     try:
         gc.enable()  # off in the server only (``serve``); student code may make cycles
         sock.close()
         os.setsid()
-        from autograder.sandbox import child
+        from autograder.sandbox import child, jail
 
-        code = child.main(job, event_fd, control_fd)
+        if box is None:
+            code = child.main(job, event_fd, control_fd)
+        else:  # the keeper of a box: the worker runs child.main in its namespaces (never returns)
+            jail.run_boxed(jail.BoxSpec.from_json(box), lambda: child.main(job, event_fd, control_fd))
     except BaseException:
         code = 71
     finally:
@@ -154,7 +160,7 @@ def serve(fd: int) -> None:
                     sel.close()
                     for pidfd in running:
                         os.close(pidfd)
-                    _child(sock, req["job"], fds[0], fds[1] if len(fds) > 1 else None)
+                    _child(sock, req["job"], fds[0], fds[1] if len(fds) > 1 else None, req.get("box"))
                 for f in fds:
                     os.close(f)
                 pidfd = os.pidfd_open(pid)
