@@ -165,7 +165,9 @@ def test_nothing_is_written_outside_the_work_dir(graded):
     assert graded["results"].read_text() == "{}"
 
 
-@pytest.mark.skipif(not (LAYERS["network namespace"] or LAYERS["landlock"]), reason="no network layer")
+@pytest.mark.skipif(
+    not (LAYERS["network namespace (per job)"] or LAYERS["landlock"]), reason="no network layer"
+)
 def test_no_network(graded):
     assert "CONNECTED" not in graded["stdout"] and not graded["connections"]
     assert "RESOLVED" not in graded["stdout"]

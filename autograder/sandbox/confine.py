@@ -236,11 +236,17 @@ def detect() -> Report:
         offline = os.listdir("/sys/class/net") == ["lo"]
     except OSError:
         offline = False
+    from autograder.sandbox import jail
+
+    box = jail.support()
     return Report(
         [
-            _uid_layer(abi >= 1),
+            _uid_layer(abi >= 1)
+            if box.mode != "root"
+            else Layer("unprivileged uid", True, "per-job uid, no capabilities"),
+            *_box_layers(box, root),
             Layer(
-                "network namespace",
+                "network namespace (fork server)",
                 netns,
                 "no network in children"
                 if netns
@@ -263,9 +269,9 @@ def detect() -> Report:
             ),
             Layer(
                 "private tmpfs work dir",
-                tmpfs,
-                "size-limited, gone at exit"
-                if tmpfs
+                tmpfs or box.mode is not None,
+                "size-limited, gone at exit, noexec"
+                if tmpfs or box.mode is not None
                 else "mounting it is refused (no CAP_SYS_ADMIN): the work dir's files are bounded by the "
                 "file-size limit only"
                 if root
@@ -276,7 +282,8 @@ def detect() -> Report:
             Layer(
                 "seccomp",
                 seccomp,
-                "no unix sockets (D-Bus, X11, agents), only inet and netlink families, "
+                "no exec, no memfd, no new namespaces or mounts, "
+                "no unix sockets (D-Bus, X11, agents), only inet and NETLINK_ROUTE sockets, "
                 "non-native ABIs (int 0x80, x32) killed, io_uring denied, "
                 "no IPC objects or keys that outlive a job"
                 if seccomp
@@ -290,6 +297,75 @@ def detect() -> Report:
 
 
 # -- in the fork server --------------------------------------------------------------------
+
+
+def _box_layers(box, root: bool) -> list[Layer]:
+    """The job box's layers (``jail.support``): each active only where a real box was built
+    and checked from inside."""
+    ok = box.mode is not None
+    why = f"no job box: {box.reason}" + (
+        ""
+        if root
+        else " (unprivileged user namespaces refused: sysctl user.max_user_namespaces, "
+        "kernel.apparmor_restrict_unprivileged_userns, or a container's seccomp profile)"
+    )
+    cgroups = ", ".join(f"{c} (v{h.version})" for h in box.hierarchies for c in h.controllers) + (
+        ", killed as a whole (v2 cgroup.kill)" if box.v2_kill else ""
+    )
+    missing_cg = sorted(set(("memory", "pids", "cpu")) - set(box.cgroups))
+    layers = [
+        Layer(
+            "PID namespace",
+            ok,
+            "per job: everything in it dies with the job; no other process visible" if ok else why,
+        ),
+        Layer(
+            "network namespace (per job)",
+            ok,
+            "per job: no socket, netlink or loopback shared with another job" if ok else why,
+        ),
+        Layer(
+            "mount namespace",
+            ok,
+            (
+                "per job: every mount read-only, access times kept (a user namespace may not change "
+                "its owner's mounts' atime mode: reading a file can still mark it)"
+                if box.atime
+                else "per job: every mount read-only and noatime"
+            )
+            + ", a minimal /dev, its own /proc and /sys, "
+            "the work dir noexec"
+            + (
+                f", {', '.join(box.hide_python_from)} replaced by the Python installation's branch"
+                if box.hide_python_from
+                else ""
+            )
+            if ok
+            else why,
+            degraded=box.atime,
+        ),
+        Layer("IPC and UTS namespaces", ok, "per job" if ok else why),
+        Layer(
+            "cgroup",
+            bool(ok and box.cgroups),
+            (cgroups + (f"; missing: {', '.join(missing_cg)}" if missing_cg else ""))
+            if ok and box.cgroups
+            else "needs a root grader and a writable cgroup hierarchy: memory (shared memory "
+            "included), pids and CPU are then limited per job"
+            if ok
+            else why,
+            degraded=bool(ok and box.cgroups and missing_cg),
+        ),
+    ]
+    if not root:
+        layers.append(
+            Layer(
+                "user namespace",
+                box.mode == "userns",
+                "owns the job's namespaces: the grader is not root" if ok else why,
+            )
+        )
+    return layers
 
 
 def isolate_network() -> bool:
@@ -730,8 +806,10 @@ def confine(work: Path, uid: int | None, budget: Budget, boxed: bool = False) ->
         applied.append(name)
         return True
 
-    if root and not boxed and not attempt(
-        "private tmpfs work dir", lambda: _private_tmpfs(work, budget.work_dir_bytes, uid)
+    if (
+        root
+        and not boxed
+        and not attempt("private tmpfs work dir", lambda: _private_tmpfs(work, budget.work_dir_bytes, uid))
     ):
         if uid is not None:
             os.chown(work, uid, uid)

@@ -356,7 +356,7 @@ def make_view(spec: BoxSpec) -> None:
         if os.path.isdir("/sys/fs/cgroup"):
             flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
             _mount("tmpfs", "/sys/fs/cgroup", "tmpfs", flags, "size=4k,mode=0555")
-    _make_dev(nodes)
+    _make_dev(nodes, locked)
     work = os.path.join(job, "work")
     _mount(
         "tmpfs",
@@ -421,7 +421,7 @@ def _remount_each(flags: int) -> None:
             _mount(None, point, None, MS_REMOUNT | MS_BIND | flags | extra)
 
 
-def _make_dev(nodes: dict[str, int]) -> None:
+def _make_dev(nodes: dict[str, int], atime_locked: bool) -> None:
     _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC | MS_NOATIME, "size=64k,mode=0755")
     for path, fd in nodes.items():
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
@@ -429,7 +429,11 @@ def _make_dev(nodes: dict[str, int]) -> None:
         _attach(fd, path)
         os.close(fd)
         # a device node's own mount keeps ``dev`` (else it opens nothing); nothing else does
-        _setattr(path, _ATTR_NOSUID | _ATTR_NOEXEC | _ATTR_NOATIME, _ATTR_ATIME_MASK)
+        _setattr(
+            path,
+            _ATTR_NOSUID | _ATTR_NOEXEC | (0 if atime_locked else _ATTR_NOATIME),
+            0 if atime_locked else _ATTR_ATIME_MASK,
+        )
     for name, target in (
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
@@ -632,6 +636,7 @@ class Support:
     hierarchies: tuple[Hierarchy, ...] = ()
     v2_kill: str = ""
     hide_python_from: tuple[str, ...] = ()
+    atime: bool = False  # the view still updates access times (a user namespace's locked mounts)
 
     @property
     def cgroups(self) -> list[str]:
@@ -639,6 +644,7 @@ class Support:
 
 
 _SUPPORT: Support | None = None
+_PROBED_ATIME = False
 WEAK_ENV = "BERTLAB_ALLOW_WEAK_SANDBOX"  # "1": grade without a box where none can be made
 
 
@@ -663,26 +669,28 @@ def _find_support() -> Support:
     if why:
         return Support(None, why)
     found, v2_kill = hierarchies()
-    return Support("root" if root else "userns", "", tuple(found), v2_kill, hide)
+    return Support("root" if root else "userns", "", tuple(found), v2_kill, hide, _PROBED_ATIME)
 
 
 def probe(userns: bool, hide_python_from: list[str]) -> str | None:
-    """Build a box around a worker that checks it; None if every check held, else why not."""
+    """Build a box around a worker that checks it; None if every check held, else why not.
+    (``_PROBED_ATIME``: whether the box's view still updates access times.)"""
+    global _PROBED_ATIME
     import tempfile
 
-    from autograder.sandbox.confine import _probe_text
+    from autograder.sandbox.confine import _probe_text, lease_uid
 
-    with tempfile.TemporaryDirectory(prefix="bertlab-probe-") as job:
+    with tempfile.TemporaryDirectory(prefix="bertlab-probe-") as job, lease_uid() as uid:
         os.mkdir(os.path.join(job, "work"))
         os.chmod(job, 0o711)
-        spec = BoxSpec(job, None, 1 << 20, hide_python_from=hide_python_from, userns=userns)
+        spec = BoxSpec(job, uid, 1 << 20, hide_python_from=hide_python_from, userns=userns)
 
         def boxed() -> str:
             r, w = os.pipe()
             pid = os.fork()
             if pid == 0:
                 os.close(r)
-                run_boxed(spec, lambda: _check_box(w))
+                run_boxed(spec, lambda: _check_box(w, uid))
             os.close(w)
             with os.fdopen(r, "rb") as f:
                 said = f.read().decode(errors="replace")
@@ -694,25 +702,38 @@ def probe(userns: bool, hide_python_from: list[str]) -> str | None:
             return f"the box ended with status {status}: {said.strip()}"
 
         outcome = _probe_text(boxed)
-    return None if outcome == "ok" else outcome
+    _PROBED_ATIME = outcome == "ok, atime"
+    return None if outcome in ("ok", "ok, atime") else outcome
 
 
-def _check_box(w: int) -> int:
-    """In a probe's worker: the box is what ``make_view`` says it is."""
+def _check_box(w: int, uid: int | None) -> int:
+    """In a probe's worker: the box is what ``make_view`` says it is, and a job uid with no
+    capability (or, in a user namespace, the grader's) can read the Python installation."""
+    from autograder.sandbox.confine import _capset, _drop_to, python_paths, python_unreadable
+
+    python = python_paths()
+    if uid is not None:
+        _drop_to(uid, keep_read_search=False)
+    else:
+        _capset(0)
     problems = []
+    unreadable = python_unreadable(python)
+    if unreadable:
+        problems.append(f"the job cannot read {unreadable}")
     if os.getpid() != 2:
         problems.append(f"the worker is pid {os.getpid()}, not 2 of a new PID namespace")
     if sorted(os.listdir("/dev")) != sorted([*DEVICES, "fd", "stdin", "stdout", "stderr"]):
         problems.append(f"/dev holds {sorted(os.listdir('/dev'))}")
     if not os.statvfs("/").f_flag & os.ST_RDONLY:
         problems.append("/ is writable")
-    if not os.statvfs("/").f_flag & os.ST_NOATIME:
+    atime = not os.statvfs("/").f_flag & os.ST_NOATIME
+    if atime and uid is not None:  # a user namespace may not change it: said, not refused
         problems.append("/ updates access times")
     if os.listdir("/sys/class/net") != ["lo"]:
         problems.append(f"network interfaces {os.listdir('/sys/class/net')}")
     with open("/dev/null", "wb") as f:
         f.write(b"x")
-    os.write(w, ("; ".join(problems) or "ok").encode())
+    os.write(w, ("; ".join(problems) or ("ok, atime" if atime else "ok")).encode())
     return 0
 
 
