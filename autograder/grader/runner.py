@@ -651,12 +651,16 @@ def run_submission(
             control_r, control_w = os.pipe()
             try:
                 pid, exits = server.fork(job, w, control_r, box)
+            except BaseException:  # no child: the parent's ends go too
+                os.close(r)
+                os.close(control_w)
+                raise
             finally:
                 os.close(w)
                 os.close(control_r)
             watch.new_child(tainted=watch.released)
             events = _Events(r, watch.handle, watch.raw_limit, min(MAX_CHILD_BYTES, MAX_RECEIVED - received))
-            timed_out = False
+            timed_out = refused = False
             try:
                 while not (watch.finished or events.eof):
                     now = time.monotonic()
@@ -682,7 +686,11 @@ def run_submission(
                             clean_stdout = _read_head(job / "stdout.txt", MAX_STDOUT)
                             _write_hidden(hidden_file, hidden, hidden_inputs)
                             watch.released = watch.tainted = True
-                        os.write(control_w, b"g")
+                        try:
+                            os.write(control_w, b"g")
+                        except OSError:  # it closed its end (EPIPE): ended as a crash, not a grader fault
+                            refused = True
+                            break
             finally:
                 _kill_group(pid)
                 received += events.total
@@ -713,6 +721,8 @@ def run_submission(
             # running, resume after it.
             if events.cut_off:
                 died = f"was stopped: it sent the grader more than {events.max_bytes >> 20} MB"
+            elif refused:
+                died = "stopped: it closed the pipe its go-ahead for the hidden cases comes through"
             else:
                 died = f"stopped: {_exit_reason(code)}"
             current = watch.current
@@ -720,6 +730,8 @@ def run_submission(
                 if not timed_out:
                     note = f"the grading process for this submission {died}"
                     (watch.private_notes if watch.tainted else watch.notes).append(note)
+                    if refused:  # its hidden calls are not made: say why (a fixed text)
+                        stopped = f"not run: {note}"
                 break
             what, i = current
             reason = (
