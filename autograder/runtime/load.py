@@ -17,7 +17,10 @@ Jupyter saves comes near (a stage's solution runs 2-8 KB of code, in a 20-35 KB 
   ``MAX_IPYTHON_LINES`` magic, ``!`` or ``?`` lines;
 - JSON is read in bulk (regular expressions over whole runs of bytes); what must be looked
   at one value at a time (keys, cells, deeply nested outputs) is limited to
-  ``MAX_JSON_STEPS`` values, and nesting to ``MAX_JSON_DEPTH``, as Python's own json.
+  ``MAX_JSON_STEPS`` values, and nesting to ``MAX_JSON_DEPTH``, as Python's own json;
+- an object read key by key (the notebook, a worksheet, a cell, a cell's metadata) that
+  repeats a key is refused: Jupyter keeps the key's last value, and what is graded must be
+  what Jupyter shows.
 """
 
 from __future__ import annotations
@@ -141,6 +144,13 @@ _SCALAR = re.compile(
     rb"-?(?:0|[1-9][0-9]*+)(?:\.[0-9]++)?+(?:[eE][-+]?[0-9]++)?+|true|false|null|NaN|Infinity|-Infinity"
 )
 _SCALAR_WINDOW = 1 << 10  # a number the reader must parse (nbformat's) fits in this
+# The keys the grader reads: each is spelled in at most 60 bytes, every character escaped, so
+# a key spelled in more than _KEY_BYTES is none of them, read past and not compared. An
+# object's repeated key is found by holding its keys; past _KEYS_HELD of them (an object
+# Jupyter saves has a dozen), only these are held, so memory stays bounded whatever the file.
+_READ_KEYS = frozenset("cells worksheets nbformat cell_type metadata source input tags".split())
+_KEY_BYTES = 64
+_KEYS_HELD = 1000
 
 
 def _nested(levels: int) -> bytes:
@@ -365,20 +375,31 @@ class _Reader:
                     raise self.error("unexpected end of the file")
             self.step()
 
-    def members(self) -> Iterator[str | None]:
+    def members(self, where: str, n: int = 0) -> Iterator[str | None]:
         """The keys of the object at ``pos`` (None for a key too long to be one the grader
-        reads); after each, the caller reads or skips its value."""
+        reads); after each, the caller reads or skips its value.
+
+        A key the object repeats, compared as json.loads decodes keys, is refused once the
+        object is read (so a limit that reading it breaks is said first): Jupyter keeps the
+        last value, and a reader that kept another would grade code Jupyter does not show.
+        ``where`` names the object in the message, ``{n}`` in it replaced by ``n``."""
         self.enter()
         self.pos += 1
         if self.peek() == _RBRACE:
             self.pos += 1
             self.depth -= 1
             return
+        seen: set[str] = set()
+        repeated: str | None = None
         while True:
             self.step()
             if self.peek() != _QUOTE:
                 raise self.error("Expecting property name enclosed in double quotes")
-            key = self.string(64)
+            key = self.string(_KEY_BYTES)
+            if key in seen:
+                repeated = key if repeated is None else repeated
+            elif key is not None and (len(seen) < _KEYS_HELD or key in _READ_KEYS):
+                seen.add(key)
             if self.peek() != _COLON:
                 raise self.error("Expecting ':' delimiter")
             self.pos += 1
@@ -387,10 +408,19 @@ class _Reader:
             if c == _RBRACE:
                 self.pos += 1
                 self.depth -= 1
+                if repeated is not None:
+                    raise self.repeated(repeated, where.format(n=n))
                 return
             if c != _COMMA:
                 raise self.error("Expecting ',' delimiter")
             self.pos += 1
+
+    def repeated(self, key: str, where: str) -> LoadError:
+        return LoadError(
+            f"{self.name}: {where} has the key {json.dumps(key)} twice. Jupyter shows only the last one, "
+            "so the file is not graded (the code graded must be the code Jupyter shows): save the notebook "
+            "again from Jupyter (or fix the file) so that each key appears once"
+        )
 
     def items(self) -> Iterator[None]:
         """Once per item of the array at ``pos``; the caller reads or skips each."""
@@ -448,13 +478,16 @@ def _text(r: _Reader) -> str | None:
     return None if size > MAX_CODE_CHARS else "".join(parts)
 
 
-def _tagged(r: _Reader) -> bool:
-    """Whether the cell metadata at ``pos`` holds the ``skip-grading`` tag."""
+_CELL = "cell {n} (counting markdown cells too)"
+
+
+def _tagged(r: _Reader, n: int) -> bool:
+    """Whether the metadata of cell ``n``, at ``pos``, holds the ``skip-grading`` tag."""
     if r.peek() != _LBRACE:
         r.skip()
         return False
     tagged = False
-    for key in r.members():
+    for key in r.members("the metadata of " + _CELL, n):
         if key != "tags":
             r.skip()
             continue
@@ -470,16 +503,16 @@ def _tagged(r: _Reader) -> bool:
     return tagged
 
 
-def _cell(r: _Reader) -> _Cell | None:
-    """The cell at ``pos`` if it is a code cell. A source is kept only while the cell may be
-    code: a markdown cell's embedded images are read past."""
+def _cell(r: _Reader, n: int) -> _Cell | None:
+    """Cell ``n`` (counted from 1), at ``pos``, if it is a code cell. A source is kept only
+    while the cell may be code: a markdown cell's embedded images are read past."""
     kind: str | None = None
     cell = _Cell()
-    for key in r.members():
+    for key in r.members(_CELL, n):
         if key == "cell_type":
             kind = r.string(64) if r.peek() == _QUOTE else r.skip()
         elif key == "metadata":
-            cell.skip = _tagged(r)
+            cell.skip = _tagged(r, n)
         elif key in ("source", "input") and kind in (None, "code"):
             setattr(cell, key, _text(r))
         else:
@@ -506,7 +539,7 @@ class _Cells:
             self.count += 1
             if self.count > MAX_CELLS:
                 raise LoadError(f"{self.name} has more than {MAX_CELLS:,} cells (the grader's limit)")
-            cell = _cell(r) if r.peek() == _LBRACE else r.skip()
+            cell = _cell(r, self.count) if r.peek() == _LBRACE else r.skip()
             if cell is None:
                 continue
             found.append(cell)
@@ -538,7 +571,7 @@ def _notebook(stream: BinaryIO, name: str, chunk: int = _CHUNK) -> list[tuple[st
     v4: list[_Cell] | None = None
     v3: list[_Cell] | None = None
     version: object = None
-    for key in r.members():
+    for key in r.members("the notebook's top level"):
         if key == "cells":
             v4 = cells.read(r)
         elif key == "worksheets":
@@ -569,12 +602,12 @@ def _worksheets(r: _Reader, cells: _Cells) -> list[_Cell] | None:
         r.skip()
         return None
     found: list[_Cell] = []
-    for _ in r.items():
+    for n, _ in enumerate(r.items(), start=1):
         if r.peek() != _LBRACE:
             r.skip()
             continue
         sheet: list[_Cell] | None = None
-        for key in r.members():
+        for key in r.members("worksheet {n}", n):
             if key == "cells":
                 sheet = cells.read(r)
             else:
