@@ -33,11 +33,13 @@ import pytest
 import safetensors.torch
 
 from autograder.grader.runner import ForkServer, Limits, run_submission
-from autograder.sandbox import jail
+from autograder.sandbox import confine, jail
 from tests.support import ROOT, max_score, write_py
 
-BOXED = jail.support().mode is not None
-needs_box = pytest.mark.skipif(not BOXED, reason=f"this machine makes no job box: {jail.support().reason}")
+BOXED = confine.box_support().mode is not None
+needs_box = pytest.mark.skipif(
+    not BOXED, reason=f"this machine makes no job box: {confine.box_support().reason}"
+)
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="a root grader")
 STAGE = "01_attention"
 HONEST = (ROOT / "examples" / "class" / "ada_correct_matmul" / f"{STAGE}.py").read_text()
@@ -298,11 +300,11 @@ with open("/proc/self/cgroup") as f:
 
 
 @needs_box
-@pytest.mark.skipif(not jail.support().cgroups, reason="no cgroup controllers for jobs here")
+@pytest.mark.skipif(not confine.box_support().cgroups, reason="no cgroup controllers for jobs here")
 def test_every_job_runs_in_a_cgroup_of_its_own(server):
     out = run(server, CGROUP)
     lines = [line.split(":", 2) for line in findings(out, "CGROUP")[0].split()]
-    for h in jail.support().hierarchies:
+    for h in confine.box_support().hierarchies:
         want = "" if h.version == 2 else h.controllers[0]
         (path,) = [
             p for _id, controllers, p in lines if want in controllers.split(",") or controllers == want
@@ -311,11 +313,11 @@ def test_every_job_runs_in_a_cgroup_of_its_own(server):
 
 
 @root_only
-@pytest.mark.skipif(not jail.support().cgroups, reason="no cgroup controllers for jobs here")
+@pytest.mark.skipif(not confine.box_support().cgroups, reason="no cgroup controllers for jobs here")
 def test_a_job_cgroup_bounds_shared_memory_and_processes():
     """The cgroup's limits, on a process that writes shared memory (tmpfs pages, which no
     address-space limit counts) and one that forks: the first is killed at the limit."""
-    found = jail.support()
+    found = confine.box_support()
     if "memory" not in found.cgroups:
         pytest.skip("no memory controller for jobs here")
     cgroup = jail.JobCgroup(list(found.hierarchies), found.v2_kill, f"test-{os.getpid()}", 64 << 20, 8)

@@ -220,9 +220,9 @@ class ForkServer:
 
     def self_test(self) -> str | None:
         """Confine a child and make one call in it, as grading does: None if it answered
-        right, else why not. A machine that allows no job box (``jail.support``) is refused
+        right, else why not. A machine that allows no job box (``confine.box_support``) is refused
         unless ``jail.WEAK_ENV`` says to grade without one."""
-        found = jail.support()
+        found = confine.box_support()
         if found.mode is None and not jail.weak_allowed():
             return (
                 f"this machine allows no job box (PID, mount and network namespaces): {found.reason}. "
@@ -620,7 +620,15 @@ def run_submission(
         os.chmod(job, 0o711)  # the child's unprivileged uid may pass through to its work dir
         budget = confine.Budget()
         box, cgroup = job_end.enter_context(
-            jail.job_box(job, uid, budget.work_dir_bytes, budget.memory_bytes, budget.processes, device)
+            jail.job_box(
+                confine.box_support(),
+                job,
+                uid,
+                budget.work_dir_bytes,
+                budget.memory_bytes,
+                budget.processes,
+                device,
+            )
         )
         plan = {
             "module_name": module_name,

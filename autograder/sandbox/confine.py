@@ -46,6 +46,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autograder.sandbox import jail
+
 _libc = ctypes.CDLL(None, use_errno=True)
 
 CLONE_NEWNS = 0x00020000
@@ -236,9 +238,7 @@ def detect() -> Report:
         offline = os.listdir("/sys/class/net") == ["lo"]
     except OSError:
         offline = False
-    from autograder.sandbox import jail
-
-    box = jail.support()
+    box = box_support()
     return Report(
         [
             _uid_layer(abi >= 1)
@@ -296,11 +296,104 @@ def detect() -> Report:
     )
 
 
+# -- the job box (jail.py): what this machine allows ---------------------------------------------
+
+_BOX: jail.Support | None = None
+_PROBED_ATIME = False
+
+
+def box_support() -> jail.Support:
+    """Probe once: build a real box in a throw-away fork and check it from inside."""
+    global _BOX
+    if _BOX is None:
+        _BOX = _find_support()
+    return _BOX
+
+
+def _find_support() -> jail.Support:
+    root = os.geteuid() == 0
+    hide = tuple(jail.python_overlays(python_paths())) if root else ()
+    why = probe(userns=not root, hide_python_from=list(hide))
+    if why:
+        return jail.Support(None, why)
+    found, v2_kill = jail.hierarchies()
+    return jail.Support("root" if root else "userns", "", tuple(found), v2_kill, hide, _PROBED_ATIME)
+
+
+def probe(userns: bool, hide_python_from: list[str]) -> str | None:
+    """Build a box around a worker that checks it; None if every check held, else why not.
+    (``_PROBED_ATIME``: whether the box's view still updates access times.)"""
+    global _PROBED_ATIME
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bertlab-probe-") as job, lease_uid() as uid:
+        os.mkdir(os.path.join(job, "work"))
+        os.chmod(job, 0o711)
+        spec = jail.BoxSpec(job, uid, 1 << 20, hide_python_from=hide_python_from, userns=userns)
+
+        def boxed() -> str:
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(r)
+                jail.run_boxed(spec, lambda: _check_box_saying(w, uid))
+            os.close(w)
+            with os.fdopen(r, "rb") as f:
+                said = f.read().decode(errors="replace")
+            _, status = os.waitpid(pid, 0)
+            if said:
+                return said
+            with contextlib.suppress(OSError):
+                said = Path(job, "stdout.txt").read_text()
+            return f"the box ended with status {status}: {said.strip()}"
+
+        outcome = _probe_text(boxed)
+    _PROBED_ATIME = outcome == "ok, atime"
+    return None if outcome in ("ok", "ok, atime") else outcome
+
+
+def _check_box_saying(w: int, uid: int | None) -> int:
+    try:
+        return _check_box(w, uid)
+    except BaseException as exc:  # why the worker could not even check: the probe's answer
+        os.write(w, f"in the box: {exc}".encode()[:2000])
+        return 1
+
+
+def _check_box(w: int, uid: int | None) -> int:
+    """In a probe's worker: the box is what ``make_view`` says it is, and a job uid with no
+    capability (or, in a user namespace, the grader's) can read the Python installation."""
+    python = python_paths()
+    if uid is not None:
+        _drop_to(uid, keep_read_search=False)
+    else:
+        _capset(0)
+    problems = []
+    unreadable = python_unreadable(python)
+    if unreadable:
+        problems.append(f"the job cannot read {unreadable}")
+    if os.getpid() != 2:
+        problems.append(f"the worker is pid {os.getpid()}, not 2 of a new PID namespace")
+    if sorted(os.listdir("/dev")) != sorted([*jail.DEVICES, "fd", "stdin", "stdout", "stderr"]):
+        problems.append(f"/dev holds {sorted(os.listdir('/dev'))}")
+    if not os.statvfs("/").f_flag & os.ST_RDONLY:
+        problems.append("/ is writable")
+    atime = not os.statvfs("/").f_flag & os.ST_NOATIME
+    if atime and uid is not None:  # a user namespace may not change it: said, not refused
+        problems.append("/ updates access times")
+    if os.listdir("/sys/class/net") != ["lo"]:
+        problems.append(f"network interfaces {os.listdir('/sys/class/net')}")
+    with open("/dev/null", "wb") as f:
+        f.write(b"x")
+    os.write(w, ("; ".join(problems) or ("ok, atime" if atime else "ok")).encode())
+    return 0
+
+
 # -- in the fork server --------------------------------------------------------------------
 
 
 def _box_layers(box, root: bool) -> list[Layer]:
-    """The job box's layers (``jail.support``): each active only where a real box was built
+    """The job box's layers (``box_support``): each active only where a real box was built
     and checked from inside."""
     ok = box.mode is not None
     why = f"no job box: {box.reason}" + (

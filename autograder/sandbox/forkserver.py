@@ -40,7 +40,11 @@ def _child(sock: socket.socket, job: str, event_fd: int, control_fd: int | None,
         if box is None:
             code = child.main(job, event_fd, control_fd)
         else:  # the keeper of a box: the worker runs child.main in its namespaces (never returns)
-            jail.run_boxed(jail.BoxSpec.from_json(box), lambda: child.main(job, event_fd, control_fd))
+            jail.run_boxed(
+                jail.BoxSpec.from_json(box),
+                lambda: child.main(job, event_fd, control_fd),
+                fds=(event_fd, control_fd),  # the worker's alone: its keeper and init close them
+            )
     except BaseException:
         code = 71
     finally:

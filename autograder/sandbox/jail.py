@@ -643,8 +643,6 @@ class Support:
         return sorted({c for h in self.hierarchies for c in h.controllers})
 
 
-_SUPPORT: Support | None = None
-_PROBED_ATIME = False
 WEAK_ENV = "BERTLAB_ALLOW_WEAK_SANDBOX"  # "1": grade without a box where none can be made
 
 
@@ -652,97 +650,19 @@ def weak_allowed() -> bool:
     return os.environ.get(WEAK_ENV) == "1"
 
 
-def support() -> Support:
-    """Probe once: build a real box in a throw-away fork and check it from inside."""
-    global _SUPPORT
-    if _SUPPORT is None:
-        _SUPPORT = _find_support()
-    return _SUPPORT
-
-
-def _find_support() -> Support:
-    from autograder.sandbox.confine import python_paths
-
-    root = os.geteuid() == 0
-    hide = tuple(python_overlays(python_paths())) if root else ()
-    why = probe(userns=not root, hide_python_from=list(hide))
-    if why:
-        return Support(None, why)
-    found, v2_kill = hierarchies()
-    return Support("root" if root else "userns", "", tuple(found), v2_kill, hide, _PROBED_ATIME)
-
-
-def probe(userns: bool, hide_python_from: list[str]) -> str | None:
-    """Build a box around a worker that checks it; None if every check held, else why not.
-    (``_PROBED_ATIME``: whether the box's view still updates access times.)"""
-    global _PROBED_ATIME
-    import tempfile
-
-    from autograder.sandbox.confine import _probe_text, lease_uid
-
-    with tempfile.TemporaryDirectory(prefix="bertlab-probe-") as job, lease_uid() as uid:
-        os.mkdir(os.path.join(job, "work"))
-        os.chmod(job, 0o711)
-        spec = BoxSpec(job, uid, 1 << 20, hide_python_from=hide_python_from, userns=userns)
-
-        def boxed() -> str:
-            r, w = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                os.close(r)
-                run_boxed(spec, lambda: _check_box(w, uid))
-            os.close(w)
-            with os.fdopen(r, "rb") as f:
-                said = f.read().decode(errors="replace")
-            _, status = os.waitpid(pid, 0)
-            if said:
-                return said
-            with contextlib.suppress(OSError):
-                said = Path(job, "stdout.txt").read_text()
-            return f"the box ended with status {status}: {said.strip()}"
-
-        outcome = _probe_text(boxed)
-    _PROBED_ATIME = outcome == "ok, atime"
-    return None if outcome in ("ok", "ok, atime") else outcome
-
-
-def _check_box(w: int, uid: int | None) -> int:
-    """In a probe's worker: the box is what ``make_view`` says it is, and a job uid with no
-    capability (or, in a user namespace, the grader's) can read the Python installation."""
-    from autograder.sandbox.confine import _capset, _drop_to, python_paths, python_unreadable
-
-    python = python_paths()
-    if uid is not None:
-        _drop_to(uid, keep_read_search=False)
-    else:
-        _capset(0)
-    problems = []
-    unreadable = python_unreadable(python)
-    if unreadable:
-        problems.append(f"the job cannot read {unreadable}")
-    if os.getpid() != 2:
-        problems.append(f"the worker is pid {os.getpid()}, not 2 of a new PID namespace")
-    if sorted(os.listdir("/dev")) != sorted([*DEVICES, "fd", "stdin", "stdout", "stderr"]):
-        problems.append(f"/dev holds {sorted(os.listdir('/dev'))}")
-    if not os.statvfs("/").f_flag & os.ST_RDONLY:
-        problems.append("/ is writable")
-    atime = not os.statvfs("/").f_flag & os.ST_NOATIME
-    if atime and uid is not None:  # a user namespace may not change it: said, not refused
-        problems.append("/ updates access times")
-    if os.listdir("/sys/class/net") != ["lo"]:
-        problems.append(f"network interfaces {os.listdir('/sys/class/net')}")
-    with open("/dev/null", "wb") as f:
-        f.write(b"x")
-    os.write(w, ("; ".join(problems) or ("ok, atime" if atime else "ok")).encode())
-    return 0
-
-
 @contextlib.contextmanager
-def job_box(job: Path, uid: int | None, work_bytes: int, memory_bytes: int, processes: int, device: str):
+def job_box(
+    found: Support,
+    job: Path,
+    uid: int | None,
+    work_bytes: int,
+    memory_bytes: int,
+    processes: int,
+    device: str,
+):
     """One job's box, for the parent: (the spec to send with the fork, the job's cgroup),
     both None where this machine allows no box. The cgroup is removed at exit, after its
     processes are killed."""
-    found = support()
     if found.mode is None:
         yield None, None
         return
