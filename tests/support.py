@@ -45,15 +45,16 @@ def write_py(directory: Path, stage: str, code: str) -> Path:
     return directory
 
 
-def no_process_left(marker: str, timeout: float = 5.0) -> bool:
-    """True when no process whose command line contains ``marker`` is alive."""
+def no_process_left(marker: str, timeout: float = 5.0, where: str = "cmdline") -> bool:
+    """True when no process whose command line (or ``where="comm"``: name) contains
+    ``marker`` is alive."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         alive = []
         for p in Path("/proc").iterdir():
             if p.name.isdigit():
                 try:
-                    if marker.encode() in (p / "cmdline").read_bytes():
+                    if marker.encode() in (p / where).read_bytes():
                         alive.append(int(p.name))
                 except OSError:
                     pass

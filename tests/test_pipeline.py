@@ -127,14 +127,17 @@ def test_a_hang_costs_only_that_function_and_leaves_no_process(grader, tmp_path)
     code = submission(
         masks=MASKS.replace(
             "def causal_mask(L):\n",
-            "def causal_mask(L):\n    import subprocess; subprocess.Popen(['sleep', '987.654'])\n    while True: pass\n",
+            # a process of its own that would sleep past the grader (no exec: a fork, named)
+            "def causal_mask(L):\n    import os, time, ctypes\n    if os.fork() == 0:\n"
+            "        ctypes.CDLL(None).prctl(15, b'sleep987654', 0, 0, 0)\n        time.sleep(987.654)\n"
+            "    while True: pass\n",
         )
     )
     result = grader.grade(write_py(tmp_path / "s", STAGE, code), [STAGE])
     assert scores(result) == {**FULL, "causal_mask": 0}
     out = next(t.output for t in result.stages[0].tests if t.function == "causal_mask")
     assert "did not finish within" in out
-    assert no_process_left("987.654")
+    assert no_process_left("sleep987654", where="comm")
 
 
 def test_a_hanging_notebook_cell_is_skipped_and_the_rest_graded(grader, tmp_path):

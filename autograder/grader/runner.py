@@ -614,14 +614,16 @@ def run_submission(
     deferred = False
     try:
         tmp = job_end.enter_context(tempfile.TemporaryDirectory(prefix="bertlab-job-"))
-        uid = job_end.enter_context(confine.lease_uid())
+        boxes = confine.box_support()
+        # in a box every process of the job dies with its PID namespace: no sweep by uid
+        uid = job_end.enter_context(confine.lease_uid(sweep=boxes.mode is None))
         job = Path(tmp)
         (job / "work").mkdir()
         os.chmod(job, 0o711)  # the child's unprivileged uid may pass through to its work dir
         budget = confine.Budget()
         box, cgroup = job_end.enter_context(
             jail.job_box(
-                confine.box_support(),
+                boxes,
                 job,
                 uid,
                 budget.work_dir_bytes,

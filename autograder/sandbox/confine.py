@@ -299,7 +299,7 @@ def detect() -> Report:
 # -- the job box (jail.py): what this machine allows ---------------------------------------------
 
 _BOX: jail.Support | None = None
-_PROBED_ATIME = False
+_PROBED_GAPS: tuple[str, ...] = ()  # what the last probe's box kept of the host: "atime", "proc"
 
 
 def box_support() -> jail.Support:
@@ -317,13 +317,21 @@ def _find_support() -> jail.Support:
     if why:
         return jail.Support(None, why)
     found, v2_kill = jail.hierarchies()
-    return jail.Support("root" if root else "userns", "", tuple(found), v2_kill, hide, _PROBED_ATIME)
+    return jail.Support(
+        "root" if root else "userns",
+        "",
+        tuple(found),
+        v2_kill,
+        hide,
+        "atime" in _PROBED_GAPS,
+        "proc" in _PROBED_GAPS,
+    )
 
 
 def probe(userns: bool, hide_python_from: list[str]) -> str | None:
     """Build a box around a worker that checks it; None if every check held, else why not.
-    (``_PROBED_ATIME``: whether the box's view still updates access times.)"""
-    global _PROBED_ATIME
+    (``_PROBED_GAPS``: what of the host the box's view keeps, where a user namespace must.)"""
+    global _PROBED_GAPS
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="bertlab-probe-") as job, lease_uid() as uid:
@@ -348,8 +356,9 @@ def probe(userns: bool, hide_python_from: list[str]) -> str | None:
             return f"the box ended with status {status}: {said.strip()}"
 
         outcome = _probe_text(boxed)
-    _PROBED_ATIME = outcome == "ok, atime"
-    return None if outcome in ("ok", "ok, atime") else outcome
+    ok = outcome.startswith("ok")
+    _PROBED_GAPS = tuple(outcome.split(", ")[1:]) if ok else ()
+    return None if ok else outcome
 
 
 def _check_box_saying(w: int, uid: int | None) -> int:
@@ -378,6 +387,9 @@ def _check_box(w: int, uid: int | None) -> int:
         problems.append(f"/dev holds {sorted(os.listdir('/dev'))}")
     if not os.statvfs("/").f_flag & os.ST_RDONLY:
         problems.append("/ is writable")
+    host_proc = any(name.isdigit() and int(name) > 2 for name in os.listdir("/proc"))
+    if host_proc and uid is not None:
+        problems.append("/proc is the host's")
     atime = not os.statvfs("/").f_flag & os.ST_NOATIME
     if atime and uid is not None:  # a user namespace may not change it: said, not refused
         problems.append("/ updates access times")
@@ -385,7 +397,8 @@ def _check_box(w: int, uid: int | None) -> int:
         problems.append(f"network interfaces {os.listdir('/sys/class/net')}")
     with open("/dev/null", "wb") as f:
         f.write(b"x")
-    os.write(w, ("; ".join(problems) or ("ok, atime" if atime else "ok")).encode())
+    said = "ok" + (", atime" if atime else "") + (", proc" if host_proc else "")
+    os.write(w, ("; ".join(problems) or said).encode())
     return 0
 
 
@@ -426,7 +439,13 @@ def _box_layers(box, root: bool) -> list[Layer]:
                 if box.atime
                 else "per job: every mount read-only and noatime"
             )
-            + ", a minimal /dev, its own /proc and /sys, "
+            + (
+                ", the host's /proc (the kernel lets a user namespace mount its own only where the "
+                "host's is fully visible: docker run --security-opt systempaths=unconfined)"
+                if box.host_proc
+                else ", its own /proc"
+            )
+            + " and /sys, a minimal /dev, "
             "the work dir noexec"
             + (
                 f", {', '.join(box.hide_python_from)} replaced by the Python installation's branch"
@@ -435,7 +454,7 @@ def _box_layers(box, root: bool) -> list[Layer]:
             )
             if ok
             else why,
-            degraded=box.atime,
+            degraded=box.atime or box.host_proc,
         ),
         Layer("IPC and UTS namespaces", ok, "per job" if ok else why),
         Layer(
@@ -981,7 +1000,7 @@ def _open_lock_file(dir_fd: int, name: str, where: Path) -> int:
 
 
 @contextlib.contextmanager
-def lease_uid() -> Iterator[int | None]:
+def lease_uid(sweep: bool = True) -> Iterator[int | None]:
     """A uid no other job on this machine is using, held (flock) for the job's lifetime.
 
     Graders running side by side (several TAs, ``pytest -n``, shards) must never share a
@@ -989,6 +1008,9 @@ def lease_uid() -> Iterator[int | None]:
     released by the kernel if its grader dies; a new holder first sweeps the uid. The locks
     live in ``LOCK_DIR``, checked before use (``_open_lock_dir``).
     Yields None when the grader is not root (children then keep the grader's uid).
+    ``sweep=False``: the uid's processes need no sweep, since every one of them lives in a
+    job box (a PID namespace killed with the job), leased or not: no process of a job
+    uid ever exists outside one.
     """
     if os.geteuid() != 0:
         yield None
@@ -1011,10 +1033,12 @@ def lease_uid() -> Iterator[int | None]:
     finally:
         os.close(dir_fd)
     try:
-        kill_uid(uid)  # whatever a crashed grader left under this uid
+        if sweep:
+            kill_uid(uid)  # whatever a crashed grader left under this uid
         yield uid
     finally:
-        kill_uid(uid)
+        if sweep:
+            kill_uid(uid)
         os.close(fd)
 
 

@@ -209,6 +209,7 @@ def run_boxed(spec: BoxSpec, worker: Callable[[], int], fds: tuple[int | None, .
     by its signal). Never returns. A box that cannot be built ends the job with
     ``BOX_FAILED`` and the reason in the job's stdout: no student code runs outside it."""
     try:
+        _die_with_parent()  # the fork server: a grader that dies takes its jobs along
         _enter_namespaces(spec)
         status_r, status_w = os.pipe()
         init = os.fork()
@@ -225,6 +226,12 @@ def run_boxed(spec: BoxSpec, worker: Callable[[], int], fds: tuple[int | None, .
     _, status = os.waitpid(init, 0)
     reported = os.read(status_r, 16)
     _mirror(int(reported) if reported.strip().lstrip(b"-").isdigit() else status)
+
+
+def _die_with_parent() -> None:
+    _check(_libc.prctl(1, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() == 1:  # the parent died before the request took effect
+        os._exit(BOX_FAILED)
 
 
 def _enter_namespaces(spec: BoxSpec) -> None:
@@ -258,6 +265,7 @@ def _init(spec: BoxSpec, worker: Callable[[], int], status_w: int, fds: tuple[in
     """PID 1 of the job: make its view, start the worker, reap, and report the worker's
     end to the keeper. Once it exits, the kernel kills every process left in the namespace."""
     try:
+        _die_with_parent()  # the keeper (killed with the job's process group)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         make_view(spec)
         pid = os.fork()
@@ -347,7 +355,14 @@ def make_view(spec: BoxSpec) -> None:
         _ATTR_RDONLY | (0 if locked else _ATTR_ATIME_MASK),
         recursive=True,
     )
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    try:
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except OSError:
+        # a user namespace may mount a procfs only where the host's is fully visible (not
+        # in a container that masks /proc/kcore...): the host's stays, read-only; the PID
+        # namespace still bounds what the job can signal or outlive (doctor: degraded)
+        if not spec.userns:
+            raise
     # a sysfs of the job's network namespace (/sys/class/net: its loopback only), where no
     # cgroup hierarchy is mounted (other jobs' memory and process counts live there)
     try:
@@ -637,6 +652,7 @@ class Support:
     v2_kill: str = ""
     hide_python_from: tuple[str, ...] = ()
     atime: bool = False  # the view still updates access times (a user namespace's locked mounts)
+    host_proc: bool = False  # the view keeps the host's /proc (a container's masked one)
 
     @property
     def cgroups(self) -> list[str]:

@@ -8,7 +8,7 @@ no detector and no kernel guard: before job boxes, this scored softmax's full ma
 same call in-process scores 0). A shell, a compiler or a binary written to the work dir
 would do the same.
 
-Expected: softmax 0 (no program starts: the child's seccomp filter refuses execve and
+Expected: softmax 0 and scaled_dot_product_attention 0, which calls it (no program starts: the child's seccomp filter refuses execve and
 execveat, so softmax falls back to zeros), the rest full marks; no process left.
 """
 
