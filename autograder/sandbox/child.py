@@ -175,8 +175,12 @@ def _read_hidden(fd: int) -> tuple[list[dict[str, Any]], dict]:
     return _loads(data[8 : 8 + n].decode()), _load_tensors(data[8 + n :])
 
 
-def main(job_dir: str, event_fd: int, control_fd: int | None = None) -> int:
-    """Entry point in the forked child. Returns the exit code."""
+def main(
+    job_dir: str, event_fd: int, control_fd: int | None = None, ready: Any = None, log: int | None = None
+) -> int:
+    """Entry point in the forked child. Returns the exit code. In a job box (``jail.py``):
+    ``ready`` returns once the box is complete (raises OSError if it failed), and ``log``
+    is the job's stdout file, opened already."""
     job = Path(job_dir)
 
     def emit(raw: list[memoryview] | None = None, **event: Any) -> None:
@@ -188,7 +192,8 @@ def main(job_dir: str, event_fd: int, control_fd: int | None = None) -> int:
             while view:
                 view = view[_write(event_fd, view) :]
 
-    log = os.open(job / "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    if log is None:
+        log = os.open(job / "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
@@ -203,6 +208,12 @@ def main(job_dir: str, event_fd: int, control_fd: int | None = None) -> int:
     # opened now, read only when the parent says so: empty until then
     hidden_fd = os.open(job / "hidden.bin", os.O_RDONLY | os.O_CLOEXEC) if plan.get("hidden") else None
     device = plan["device"]
+    if ready is not None:
+        try:  # the job's box complete (its view, its cgroup) before anything else happens
+            ready()
+        except OSError as exc:
+            print(f"bertlab: the sandbox could not be set up: {exc}", file=sys.stderr, flush=True)
+            return CONFINE_FAILED
     torch.set_num_threads(1)  # one core per child: grading parallelises across submissions
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = False

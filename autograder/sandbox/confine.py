@@ -344,7 +344,7 @@ def probe(userns: bool, hide_python_from: list[str]) -> str | None:
             pid = os.fork()
             if pid == 0:
                 os.close(r)
-                jail.run_boxed(spec, lambda: _check_box_saying(w, uid))
+                jail.run_boxed(spec, lambda ready, log: _check_box_saying(w, uid, ready))
             os.close(w)
             with os.fdopen(r, "rb") as f:
                 said = f.read().decode(errors="replace")
@@ -361,8 +361,9 @@ def probe(userns: bool, hide_python_from: list[str]) -> str | None:
     return None if ok else outcome
 
 
-def _check_box_saying(w: int, uid: int | None) -> int:
+def _check_box_saying(w: int, uid: int | None, ready) -> int:
     try:
+        ready()
         return _check_box(w, uid)
     except BaseException as exc:  # why the worker could not even check: the probe's answer
         os.write(w, f"in the box: {exc}".encode()[:2000])

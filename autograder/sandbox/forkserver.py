@@ -29,7 +29,15 @@ import socket
 import sys
 
 
-def _child(sock: socket.socket, job: str, event_fd: int, control_fd: int | None, box: dict | None) -> None:
+def _child(
+    sock: socket.socket,
+    job: str,
+    event_fd: int,
+    control_fd: int | None,
+    box: dict | None,
+    status_w: int | None,
+    is_init: bool,
+) -> None:
     code = 70
     try:
         gc.enable()  # off in the server only (``serve``); student code may make cycles
@@ -39,12 +47,18 @@ def _child(sock: socket.socket, job: str, event_fd: int, control_fd: int | None,
 
         if box is None:
             code = child.main(job, event_fd, control_fd)
-        else:  # the keeper of a box: the worker runs child.main in its namespaces (never returns)
-            jail.run_boxed(
-                jail.BoxSpec.from_json(box),
-                lambda: child.main(job, event_fd, control_fd),
-                fds=(event_fd, control_fd),  # the worker's alone: its keeper and init close them
-            )
+        else:  # the worker runs child.main in the job's box; this process never returns
+            spec = jail.BoxSpec.from_json(box)
+            fds = (event_fd, control_fd)  # the worker's alone: its keeper and init close them
+
+            def worker(ready, log: int) -> int:
+                return child.main(job, event_fd, control_fd, ready, log)
+
+            if is_init:  # PID 1 of the job's namespace already: the server made it so
+                jail.run_init(spec, worker, status_w, fds, unshare=True)
+            if status_w is not None:
+                os.close(status_w)
+            jail.run_boxed(spec, worker, fds)  # a keeper, which makes init
     except BaseException:
         code = 71
     finally:
@@ -139,6 +153,9 @@ def serve(fd: int) -> None:
 
     # Before anything else: this server and every child it forks have no network.
     network_isolated = confine.isolate_network()
+    from autograder.sandbox import jail
+
+    pid_ns = jail.own_pid_namespace() if os.geteuid() == 0 else None
     _warm_up()
     gc.freeze()
 
@@ -159,24 +176,48 @@ def serve(fd: int) -> None:
                         os.close(f)
                     _warm_extras(req["warm"] if isinstance(req["warm"], list) else [])
                     continue
+                box = req.get("box")
+                # as root, the server forks the job's init straight into a new PID namespace
+                # (one process fewer than a keeper that would make it)
+                is_init = box is not None and not box.get("userns") and pid_ns is not None
+                status_r, status_w = os.pipe() if is_init else (None, None)
+                if is_init:
+                    try:
+                        jail.new_pid_namespace()
+                    except OSError:
+                        is_init = False
                 pid = os.fork()
                 if pid == 0:
                     sel.close()
-                    for pidfd in running:
+                    for pidfd, (_rid, _pid, reported) in running.items():
                         os.close(pidfd)
-                    _child(sock, req["job"], fds[0], fds[1] if len(fds) > 1 else None, req.get("box"))
+                        if reported is not None:
+                            os.close(reported)
+                    if status_r is not None:
+                        os.close(status_r)
+                    control = fds[1] if len(fds) > 1 else None
+                    _child(sock, req["job"], fds[0], control, box, status_w, is_init)
+                if is_init:
+                    jail.back_to(pid_ns)
+                if status_w is not None:
+                    os.close(status_w)
                 for f in fds:
                     os.close(f)
                 pidfd = os.pidfd_open(pid)
-                running[pidfd] = (req["id"], pid)
+                running[pidfd] = (req["id"], pid, status_r)
                 sel.register(pidfd, selectors.EVENT_READ, pidfd)
                 sock.send(json.dumps({"id": req["id"], "pid": pid}).encode())
             else:
                 pidfd = key.data
-                rid, pid = running.pop(pidfd)
+                rid, pid, reported = running.pop(pidfd)
                 sel.unregister(pidfd)
                 os.close(pidfd)
                 _, status = os.waitpid(pid, 0)
+                if reported is not None:  # a job's init: how its worker ended, if it did
+                    said = os.read(reported, 16)
+                    os.close(reported)
+                    if said.strip().lstrip(b"-").isdigit():
+                        status = int(said)
                 sock.send(json.dumps({"id": rid, "exit": os.waitstatus_to_exitcode(status)}).encode())
 
 

@@ -203,13 +203,41 @@ def python_overlays(paths: list[str]) -> list[str]:
 # -- in the fork server's child: the keeper, init, the worker ------------------------------------
 
 
-def run_boxed(spec: BoxSpec, worker: Callable[[], int], fds: tuple[int | None, ...] = ()) -> NoReturn:
-    """In the keeper (a fresh fork of the server, single-threaded): build the job's box, run
-    ``worker`` as a process inside it, and end as the worker ended (its exit code, or killed
-    by its signal). Never returns. A box that cannot be built ends the job with
-    ``BOX_FAILED`` and the reason in the job's stdout: no student code runs outside it."""
+# A worker is called with ``ready`` and ``log``. It calls ``ready()`` once it has read its
+# inputs, before anything else (it opens nothing for writing before: making a mount
+# read-only fails while a file is open for writing through it): it returns once the job's
+# view is built and the worker is in the job's cgroup (both made while the worker reads its
+# inputs), and raises OSError if either failed. ``log``: the job's stdout file, opened for
+# appending before the job's mount namespace existed. It returns the worker's exit code.
+Worker = Callable[[Callable[[], None], int], int]
+_REST = CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS  # what init unshares itself
+
+
+def new_pid_namespace() -> None:
+    """In the fork server (root): the next process it forks is PID 1 of a new namespace."""
+    _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+
+
+def own_pid_namespace() -> int:
+    """A descriptor of this process's PID namespace (``back_to``)."""
+    return os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def back_to(pid_namespace: int) -> None:
+    """After the fork: the fork server's next children are its own namespace's again."""
+    _check(_libc.setns(pid_namespace, CLONE_NEWPID), "setns(CLONE_NEWPID)")
+
+
+def run_boxed(spec: BoxSpec, worker: Worker, fds: tuple[int | None, ...] = ()) -> NoReturn:
+    """In the keeper (a fresh fork of the server, single-threaded), where the fork server
+    cannot make init itself (a user namespace must be unshared by a single-threaded process,
+    and owns the others): unshare every namespace, fork init, wait, and end as the worker
+    ended (its exit code, or killed by its signal). Never returns. A box that cannot be
+    built ends the job with ``BOX_FAILED`` and the reason in the job's stdout: no student
+    code runs outside it."""
     try:
         _die_with_parent()  # the fork server: a grader that dies takes its jobs along
+        log, cgroups = open_log(spec), open_cgroups(spec)
         _enter_namespaces(spec)
         status_r, status_w = os.pipe()
         init = os.fork()
@@ -218,9 +246,9 @@ def run_boxed(spec: BoxSpec, worker: Callable[[], int], fds: tuple[int | None, .
         os._exit(BOX_FAILED)
     if init == 0:
         os.close(status_r)
-        _init(spec, worker, status_w, fds)
+        run_init(spec, worker, status_w, fds, unshare=False, opened=(log, cgroups))
     os.close(status_w)
-    _close(fds)  # the worker's pipes: the keeper holds no end of them
+    _close((*fds, log, *cgroups))  # the worker's: the keeper holds none of them
     # The keeper stays outside the namespace: it is the parent's handle on the job (its
     # process group is killed with one killpg, init with it, and the namespace with init).
     _, status = os.waitpid(init, 0)
@@ -235,10 +263,7 @@ def _die_with_parent() -> None:
 
 
 def _enter_namespaces(spec: BoxSpec) -> None:
-    for procs in spec.cgroup_procs:
-        with open(procs, "w") as f:  # every process the job starts is counted from here on
-            f.write("0")
-    flags = CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
+    flags = CLONE_NEWPID | _REST
     if spec.userns:
         uid, gid = os.getuid(), os.getgid()
         _check(_libc.unshare(flags | CLONE_NEWUSER), "unshare")
@@ -261,24 +286,57 @@ def _close(fds: tuple[int | None, ...]) -> None:
                 os.close(fd)
 
 
-def _init(spec: BoxSpec, worker: Callable[[], int], status_w: int, fds: tuple[int | None, ...]) -> NoReturn:
-    """PID 1 of the job: make its view, start the worker, reap, and report the worker's
-    end to the keeper. Once it exits, the kernel kills every process left in the namespace."""
+def open_log(spec: BoxSpec) -> int:
+    """The job's stdout file, for appending (made if absent, never through a link)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(Path(spec.job) / "stdout.txt", flags, 0o600)
+
+
+def open_cgroups(spec: BoxSpec) -> tuple[int, ...]:
+    """The job's cgroup.procs files, for writing: opened before the job's mount namespace
+    exists (its view hides the cgroup trees, and no file may be open for writing through a
+    mount the view makes read-only)."""
+    return tuple(os.open(procs, os.O_WRONLY | os.O_CLOEXEC) for procs in spec.cgroup_procs)
+
+
+def run_init(
+    spec: BoxSpec,
+    worker: Worker,
+    status_w: int,
+    fds: tuple[int | None, ...],
+    unshare: bool,
+    opened: tuple[int, tuple[int, ...]] | None = None,
+) -> NoReturn:
+    """PID 1 of the job (forked into its PID namespace by the fork server itself, as root,
+    or by the keeper): unshare the other namespaces (``unshare``), fork the worker at once,
+    build the view while the worker reads its inputs (they share the mount namespace), tell
+    it when the view is ready, reap, and write the worker's wait status to ``status_w``.
+    Once init exits, the kernel kills every process left in the namespace."""
     try:
-        _die_with_parent()  # the keeper (killed with the job's process group)
+        _die_with_parent()  # the fork server or the keeper (killed with the job's group)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        make_view(spec)
+        # before the mount namespace: no file open for writing through its mounts
+        log, cgroups = opened or (open_log(spec), open_cgroups(spec))
+        if unshare:
+            _check(_libc.unshare(_REST), "unshare")
+        ready_r, ready_w = os.pipe()
         pid = os.fork()
     except BaseException as exc:
-        _say(spec, f"the job's file system view could not be made: {exc}")
+        _say(spec, f"the job's namespaces could not be made: {exc}")
         os._exit(BOX_FAILED)
     if pid == 0:
         os.close(status_w)
-        code = 70
-        try:
-            code = worker()
-        finally:
-            os._exit(code)
+        os.close(ready_w)
+        _work(worker, ready_r, log, cgroups)
+    _close((ready_r, log, *cgroups))
+    try:
+        make_view(spec)
+        said = b"ok"
+    except BaseException as exc:
+        said = f"the job's file system view could not be made: {exc}".encode()[:4000]
+    with contextlib.suppress(OSError):
+        os.write(ready_w, said)
+    os.close(ready_w)
     _close(fds)
     while True:
         try:
@@ -291,6 +349,41 @@ def _init(spec: BoxSpec, worker: Callable[[], int], status_w: int, fds: tuple[in
             with contextlib.suppress(OSError):
                 os.write(status_w, str(status).encode())
             os._exit(0)
+
+
+def _work(worker: Worker, ready_r: int, log: int, cgroups: tuple[int, ...]) -> NoReturn:
+    """The worker's process: it joins the job's cgroup in a thread of its own (moving a
+    process between cgroups waits for an RCU grace period, milliseconds the worker spends
+    reading its inputs meanwhile), and runs ``worker``."""
+    import threading
+
+    failed: list[BaseException] = []
+
+    def join() -> None:
+        try:
+            for fd in cgroups:
+                os.write(fd, b"0")  # the whole process: every thread, every child
+                os.close(fd)
+        except BaseException as exc:
+            failed.append(exc)
+
+    joiner = threading.Thread(target=join, name="bertlab-cgroup-join")
+    joiner.start()
+
+    def ready() -> None:
+        joiner.join()
+        said = os.read(ready_r, 4096)
+        os.close(ready_r)
+        if failed:
+            raise OSError(0, f"the job's cgroup could not be joined: {failed[0]}")
+        if said != b"ok":
+            raise OSError(0, said.decode(errors="replace") or "the job's init ended")
+
+    code = 70
+    try:
+        code = worker(ready, log)
+    finally:
+        os._exit(code)
 
 
 def _mirror(status: int) -> NoReturn:
