@@ -125,7 +125,7 @@ def _wait_until_ready(server: Any) -> None:
     with tempfile.TemporaryDirectory(prefix="bertlab-bench-") as tmp:
         r, w = os.pipe()
         try:
-            _pid, exits = server.fork(Path(tmp), w)
+            _pid, exits, _cgroup = server.fork(Path(tmp), w)
         finally:
             os.close(w)
         try:

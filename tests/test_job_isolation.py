@@ -320,7 +320,8 @@ def test_a_job_cgroup_bounds_shared_memory_and_processes():
     found = confine.box_support()
     if "memory" not in found.cgroups:
         pytest.skip("no memory controller for jobs here")
-    cgroup = jail.JobCgroup(list(found.hierarchies), found.v2_kill, f"test-{os.getpid()}", 64 << 20, 8)
+    plan = jail.cgroup_plan(list(found.hierarchies), found.v2_kill, 64 << 20, 8)
+    cgroup = jail.JobCgroup.make(plan, f"test-{os.getpid()}")
     shm = tempfile.mkdtemp(prefix="bertlab-shm-")
     try:
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", shm], check=True)

@@ -263,7 +263,7 @@ class _StandInServer:
         self.procs.append(proc)
         exits: Queue = Queue()
         threading.Thread(target=lambda: exits.put({"exit": proc.wait()}), daemon=True).start()
-        return proc.pid, exits
+        return proc.pid, exits, None  # no job cgroup
 
 
 def test_a_child_that_closed_its_go_ahead_pipe_is_stopped_as_a_crash_not_a_grader_fault():

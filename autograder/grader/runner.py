@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from queue import Queue
+from queue import Empty, Queue
 from typing import Any
 
 import safetensors.torch
@@ -252,7 +252,7 @@ class ForkServer:
 
     def fork(
         self, job: Path, event_w: int, control_r: int | None = None, box: jail.BoxSpec | None = None
-    ) -> tuple[int, Queue]:
+    ) -> tuple[int, Queue, tuple[list[str], str] | None]:
         """Fork a child for ``job``: it writes events to ``event_w`` and reads the
         parent's go-ahead for hidden inputs from ``control_r``; in ``box`` (``jail.py``),
         if given: then the pid is the job's keeper's."""
@@ -269,7 +269,8 @@ class ForkServer:
         reply = q.get(timeout=60)
         if "pid" not in reply:
             raise RuntimeError("the fork server stopped: see the messages above")
-        return reply["pid"], q
+        made = reply.get("cgroup")  # the job's cgroup, which its init made (jail.run_spare)
+        return reply["pid"], q, (made[0], made[1]) if made else None
 
     def warm(self, extras: Iterable[str]) -> None:
         """Have the server load ``extras`` (``forkserver.EXTRAS``: matplotlib, a driver's
@@ -300,6 +301,12 @@ class ForkServer:
             # with torch loaded), and a server still warming up its exit once it is ready.
             self.proc.kill()
             self.proc.wait()
+            # the spare boxes it had made ahead died with it (their init's parent-death
+            # signal): their empty cgroups go too
+            found = confine.box_support()
+            if found.mode == "root":
+                plan = jail.cgroup_plan(list(found.hierarchies), found.v2_kill, 1, 1)
+                jail.remove_stale(plan, f"job-{self.proc.pid}-")
 
     def __enter__(self) -> ForkServer:
         return self
@@ -621,17 +628,17 @@ def run_submission(
         (job / "work").mkdir()
         os.chmod(job, 0o711)  # the child's unprivileged uid may pass through to its work dir
         budget = confine.Budget()
-        box, cgroup = job_end.enter_context(
-            jail.job_box(
-                boxes,
-                job,
-                uid,
-                budget.work_dir_bytes,
-                budget.memory_bytes,
-                budget.processes,
-                device,
-            )
+        box = jail.job_box(
+            boxes, job, uid, budget.work_dir_bytes, budget.memory_bytes, budget.processes, device
         )
+        cgroups: list[jail.JobCgroup] = []  # one per child (each is made by its init)
+
+        @job_end.callback
+        def _remove_cgroups() -> None:
+            for cgroup in cgroups:
+                cgroup.kill()
+                cgroup.remove()
+
         plan = {
             "module_name": module_name,
             "device": device,
@@ -660,7 +667,9 @@ def run_submission(
             r, w = os.pipe()
             control_r, control_w = os.pipe()
             try:
-                pid, exits = server.fork(job, w, control_r, box)
+                pid, exits, made = server.fork(job, w, control_r, box)
+                if made is not None:
+                    cgroups.append(jail.JobCgroup.adopt(*made))
             except BaseException:  # no child: the parent's ends go too
                 os.close(r)
                 os.close(control_w)
@@ -702,16 +711,25 @@ def run_submission(
                             refused = True
                             break
             finally:
+                ended = None
+                if events.eof and not events.cut_off and not watch.finished:
+                    # the pipe closed, most often because the child ended: how it ended is
+                    # known once it is reaped (in a box, its init reaps it and then ends),
+                    # so it is waited for a moment before the kill
+                    try:
+                        ended = exits.get(timeout=0.5)
+                    except Empty:
+                        pass
                 _kill_group(pid)
                 received += events.total
                 os.close(r)
                 os.close(control_w)
                 if not watch.finished:
                     try:  # reaped first, so the sweep below finds only what detached
-                        code = exits.get(timeout=30).get("exit")
+                        code = (ended or exits.get(timeout=30)).get("exit")
                     finally:
-                        if cgroup is not None:  # a box's processes died with its init; its cgroup's too
-                            cgroup.kill()
+                        if cgroups:  # a box's processes died with its init; its cgroup's too
+                            cgroups[-1].kill()
                         if uid is not None and box is None:  # no PID namespace: by the job's uid
                             confine.kill_uid(uid)
             if watch.finished:

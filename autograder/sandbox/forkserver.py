@@ -22,6 +22,7 @@ kills the job's init, and with init every process of the job's PID namespace.
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import os
 import selectors
@@ -29,15 +30,7 @@ import socket
 import sys
 
 
-def _child(
-    sock: socket.socket,
-    job: str,
-    event_fd: int,
-    control_fd: int | None,
-    box: dict | None,
-    status_w: int | None,
-    is_init: bool,
-) -> None:
+def _child(sock: socket.socket, job: str, event_fd: int, control_fd: int | None, box: dict | None) -> None:
     code = 70
     try:
         gc.enable()  # off in the server only (``serve``); student code may make cycles
@@ -47,22 +40,30 @@ def _child(
 
         if box is None:
             code = child.main(job, event_fd, control_fd)
-        else:  # the worker runs child.main in the job's box; this process never returns
-            spec = jail.BoxSpec.from_json(box)
-            fds = (event_fd, control_fd)  # the worker's alone: its keeper and init close them
+        else:  # a keeper: the worker runs child.main in the job's box; this never returns
 
             def worker(ready, log: int) -> int:
                 return child.main(job, event_fd, control_fd, ready, log)
 
-            if is_init:  # PID 1 of the job's namespace already: the server made it so
-                jail.run_init(spec, worker, status_w, fds, unshare=True)
-            if status_w is not None:
-                os.close(status_w)
-            jail.run_boxed(spec, worker, fds)  # a keeper, which makes init
+            jail.run_boxed(jail.BoxSpec.from_json(box), worker, fds=(event_fd, control_fd))
     except BaseException:
         code = 71
     finally:
         os._exit(code)
+
+
+def _spare(box: dict, name: str, conn: socket.socket, status_w: int) -> None:
+    """A spare box's init (``jail.run_spare``): the worker it forks runs child.main."""
+    try:
+        gc.enable()
+        from autograder.sandbox import child, jail
+
+        def worker(job: str, event_fd: int, control_fd: int | None, log: int) -> int:
+            return child.main(job, event_fd, control_fd, None, log)
+
+        jail.run_spare(jail.BoxSpec.from_json(box), name, conn, status_w, worker)
+    finally:
+        os._exit(71)
 
 
 def _warm_up() -> None:
@@ -163,7 +164,46 @@ def serve(fd: int) -> None:
     sock.send(json.dumps({"ready": True, "network_isolated": network_isolated}).encode())
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ, None)
-    running: dict[int, tuple[int, int]] = {}  # pidfd -> (request id, pid)
+    running: dict[int, tuple[int, int, int | None]] = {}  # pidfd -> (request id, pid, status pipe)
+    # As root, each job's init is made ahead, while the job before it runs: its cgroup
+    # joined, its namespaces and the common part of its view built (``jail.run_spare``).
+    # One spare per kind of box (``jail.common_key``); a spare is forked straight into a new
+    # PID namespace, as its init.
+    spares: dict[str, tuple[int, socket.socket, int, str]] = {}  # key -> (pid, conn, status, name)
+    names = itertools.count()
+
+    def own_fds() -> list[int]:
+        fds = [fd for pidfd, (_r, _p, status) in running.items() for fd in (pidfd, status) if fd is not None]
+        return fds + [fd for _p, conn, status, _n in spares.values() for fd in (conn.fileno(), status)]
+
+    def make_spare(box: dict) -> tuple[int, socket.socket, int, str]:
+        name = f"job-{os.getpid()}-{next(names)}"
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        status_r, status_w = os.pipe()
+        jail.new_pid_namespace()
+        try:
+            pid = os.fork()
+            if pid == 0:
+                sel.close()
+                sock.close()
+                ours.close()
+                os.close(status_r)
+                for f in own_fds():
+                    os.close(f)
+                _spare(box, name, theirs, status_w)
+        finally:
+            jail.back_to(pid_ns)
+        theirs.close()
+        os.close(status_w)
+        return pid, ours, status_r, name
+
+    def discard_spares() -> None:
+        """Spares forked before an extra was loaded would run without it."""
+        for _pid, conn, status, _name in spares.values():
+            conn.close()  # it reads nothing, and ends; the parent removes its cgroup at the end
+            os.close(status)
+        spares.clear()
+
     while True:
         for key, _ in sel.select():
             if key.data is None:
@@ -175,38 +215,44 @@ def serve(fd: int) -> None:
                     for f in fds:
                         os.close(f)
                     _warm_extras(req["warm"] if isinstance(req["warm"], list) else [])
+                    discard_spares()
                     continue
                 box = req.get("box")
-                # as root, the server forks the job's init straight into a new PID namespace
-                # (one process fewer than a keeper that would make it)
-                is_init = box is not None and not box.get("userns") and pid_ns is not None
-                status_r, status_w = os.pipe() if is_init else (None, None)
-                if is_init:
-                    try:
-                        jail.new_pid_namespace()
-                    except OSError:
-                        is_init = False
-                pid = os.fork()
-                if pid == 0:
-                    sel.close()
-                    for pidfd, (_rid, _pid, reported) in running.items():
-                        os.close(pidfd)
-                        if reported is not None:
-                            os.close(reported)
-                    if status_r is not None:
-                        os.close(status_r)
-                    control = fds[1] if len(fds) > 1 else None
-                    _child(sock, req["job"], fds[0], control, box, status_w, is_init)
-                if is_init:
-                    jail.back_to(pid_ns)
-                if status_w is not None:
-                    os.close(status_w)
+                reply: dict = {"id": req["id"]}
+                status_r = None
+                assigned = False
+                if box is not None and not box.get("userns") and pid_ns is not None:
+                    kind = jail.common_key(box)
+                    job = {"job": req["job"], "uid": box["uid"], "work_bytes": box["work_bytes"]}
+                    for _try in range(2):  # a spare that died meanwhile is made anew
+                        pid, conn, status_r, name = spares.pop(kind, None) or make_spare(box)
+                        try:
+                            socket.send_fds(conn, [json.dumps(job).encode()], fds)
+                            assigned = True
+                            break
+                        except OSError:
+                            os.close(status_r)
+                            os.waitpid(pid, 0)
+                        finally:
+                            conn.close()
+                    if assigned:
+                        reply["cgroup"] = jail.cgroup_dirs(box.get("cgroups", {}), name)
+                if not assigned:  # no spare: a keeper makes the box (a user namespace's)
+                    status_r = None
+                    pid = os.fork()
+                    if pid == 0:
+                        sel.close()
+                        for f in own_fds():
+                            os.close(f)
+                        _child(sock, req["job"], fds[0], fds[1] if len(fds) > 1 else None, box)
                 for f in fds:
                     os.close(f)
                 pidfd = os.pidfd_open(pid)
                 running[pidfd] = (req["id"], pid, status_r)
                 sel.register(pidfd, selectors.EVENT_READ, pidfd)
-                sock.send(json.dumps({"id": req["id"], "pid": pid}).encode())
+                sock.send(json.dumps({**reply, "pid": pid}).encode())
+                if assigned and kind not in spares:
+                    spares[kind] = make_spare(box)  # the next job's, made while this one runs
             else:
                 pidfd = key.data
                 rid, pid, reported = running.pop(pidfd)

@@ -38,8 +38,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import json
 import os
 import signal
+import socket
 import stat
 import sys
 import time
@@ -148,7 +150,7 @@ class BoxSpec:
     job: str  # the job directory (plan, inputs, stdout.txt; ``work/`` in it)
     uid: int | None  # the worker's uid (root grader), None: the grader's own (user namespace)
     work_bytes: int  # the work dir's tmpfs
-    cgroup_procs: list[str] = field(default_factory=list)  # cgroup.procs files the keeper joins
+    cgroups: dict = field(default_factory=dict)  # ``cgroup_plan``: the job's cgroup, made by its init
     devices: list[str] = field(default_factory=list)  # extra device nodes (a GPU's), absolute
     hide_python_from: list[str] = field(default_factory=list)  # see ``python_overlays``
     userns: bool = False  # unprivileged: the namespaces are owned by a new user namespace
@@ -210,6 +212,9 @@ def python_overlays(paths: list[str]) -> list[str]:
 # inputs), and raises OSError if either failed. ``log``: the job's stdout file, opened for
 # appending before the job's mount namespace existed. It returns the worker's exit code.
 Worker = Callable[[Callable[[], None], int], int]
+# A spare box's worker: (job dir, event pipe, go-ahead pipe, log) -> exit code; its box is
+# complete before it starts.
+SpareWorker = Callable[[str, int, "int | None", int], int]
 _REST = CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS  # what init unshares itself
 
 
@@ -237,18 +242,18 @@ def run_boxed(spec: BoxSpec, worker: Worker, fds: tuple[int | None, ...] = ()) -
     code runs outside it."""
     try:
         _die_with_parent()  # the fork server: a grader that dies takes its jobs along
-        log, cgroups = open_log(spec), open_cgroups(spec)
+        log = open_log(spec.job)
         _enter_namespaces(spec)
         status_r, status_w = os.pipe()
         init = os.fork()
     except BaseException as exc:
-        _say(spec, f"the job's namespaces could not be made: {exc}")
+        _say(spec.job, f"the job's namespaces could not be made: {exc}")
         os._exit(BOX_FAILED)
     if init == 0:
         os.close(status_r)
-        run_init(spec, worker, status_w, fds, unshare=False, opened=(log, cgroups))
+        run_init(spec, worker, status_w, fds, log)
     os.close(status_w)
-    _close((*fds, log, *cgroups))  # the worker's: the keeper holds none of them
+    _close((*fds, log))  # the worker's: the keeper holds none of them
     # The keeper stays outside the namespace: it is the parent's handle on the job (its
     # process group is killed with one killpg, init with it, and the namespace with init).
     _, status = os.waitpid(init, 0)
@@ -286,49 +291,32 @@ def _close(fds: tuple[int | None, ...]) -> None:
                 os.close(fd)
 
 
-def open_log(spec: BoxSpec) -> int:
-    """The job's stdout file, for appending (made if absent, never through a link)."""
+def open_log(job: str) -> int:
+    """The job's stdout file, for appending (made if absent, never through a link): opened
+    before the view is read-only (no file may be open for writing through a mount that is
+    made read-only), or through the job directory's own writable mount."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-    return os.open(Path(spec.job) / "stdout.txt", flags, 0o600)
+    return os.open(Path(job) / "stdout.txt", flags, 0o600)
 
 
-def open_cgroups(spec: BoxSpec) -> tuple[int, ...]:
-    """The job's cgroup.procs files, for writing: opened before the job's mount namespace
-    exists (its view hides the cgroup trees, and no file may be open for writing through a
-    mount the view makes read-only)."""
-    return tuple(os.open(procs, os.O_WRONLY | os.O_CLOEXEC) for procs in spec.cgroup_procs)
-
-
-def run_init(
-    spec: BoxSpec,
-    worker: Worker,
-    status_w: int,
-    fds: tuple[int | None, ...],
-    unshare: bool,
-    opened: tuple[int, tuple[int, ...]] | None = None,
-) -> NoReturn:
-    """PID 1 of the job (forked into its PID namespace by the fork server itself, as root,
-    or by the keeper): unshare the other namespaces (``unshare``), fork the worker at once,
-    build the view while the worker reads its inputs (they share the mount namespace), tell
-    it when the view is ready, reap, and write the worker's wait status to ``status_w``.
-    Once init exits, the kernel kills every process left in the namespace."""
+def run_init(spec: BoxSpec, worker: Worker, status_w: int, fds: tuple[int | None, ...], log: int) -> NoReturn:
+    """PID 1 of the job (forked by the keeper, in every namespace already): fork the worker
+    at once, build the view while the worker reads its inputs (they share the mount
+    namespace), tell it when the view is ready, reap, and write the worker's wait status to
+    ``status_w``. Once init exits, the kernel kills every process left in the namespace."""
     try:
-        _die_with_parent()  # the fork server or the keeper (killed with the job's group)
+        _die_with_parent()  # the keeper (killed with the job's process group)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        # before the mount namespace: no file open for writing through its mounts
-        log, cgroups = opened or (open_log(spec), open_cgroups(spec))
-        if unshare:
-            _check(_libc.unshare(_REST), "unshare")
         ready_r, ready_w = os.pipe()
         pid = os.fork()
     except BaseException as exc:
-        _say(spec, f"the job's namespaces could not be made: {exc}")
+        _say(spec.job, f"the job's namespaces could not be made: {exc}")
         os._exit(BOX_FAILED)
     if pid == 0:
         os.close(status_w)
         os.close(ready_w)
-        _work(worker, ready_r, log, cgroups)
-    _close((ready_r, log, *cgroups))
+        _work(worker, ready_r, log)
+    _close((ready_r, log))
     try:
         make_view(spec)
         said = b"ok"
@@ -338,44 +326,13 @@ def run_init(
         os.write(ready_w, said)
     os.close(ready_w)
     _close(fds)
-    while True:
-        try:
-            reaped, status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            os._exit(0)
-        except InterruptedError:
-            continue
-        if reaped == pid:
-            with contextlib.suppress(OSError):
-                os.write(status_w, str(status).encode())
-            os._exit(0)
+    _reap_until(pid, status_w)
 
 
-def _work(worker: Worker, ready_r: int, log: int, cgroups: tuple[int, ...]) -> NoReturn:
-    """The worker's process: it joins the job's cgroup in a thread of its own (moving a
-    process between cgroups waits for an RCU grace period, milliseconds the worker spends
-    reading its inputs meanwhile), and runs ``worker``."""
-    import threading
-
-    failed: list[BaseException] = []
-
-    def join() -> None:
-        try:
-            for fd in cgroups:
-                os.write(fd, b"0")  # the whole process: every thread, every child
-                os.close(fd)
-        except BaseException as exc:
-            failed.append(exc)
-
-    joiner = threading.Thread(target=join, name="bertlab-cgroup-join")
-    joiner.start()
-
+def _work(worker: Worker, ready_r: int, log: int) -> NoReturn:
     def ready() -> None:
-        joiner.join()
         said = os.read(ready_r, 4096)
         os.close(ready_r)
-        if failed:
-            raise OSError(0, f"the job's cgroup could not be joined: {failed[0]}")
         if said != b"ok":
             raise OSError(0, said.decode(errors="replace") or "the job's init ended")
 
@@ -384,6 +341,71 @@ def _work(worker: Worker, ready_r: int, log: int, cgroups: tuple[int, ...]) -> N
         code = worker(ready, log)
     finally:
         os._exit(code)
+
+
+def _reap_until(worker: int, status_w: int) -> NoReturn:
+    """init's loop: reap every process of the namespace; when the worker ends, report how
+    to ``status_w`` and end (which ends the namespace)."""
+    while True:
+        try:
+            reaped, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(0)
+        except InterruptedError:
+            continue
+        if reaped == worker:
+            with contextlib.suppress(OSError):
+                os.write(status_w, str(status).encode())
+            os._exit(0)
+
+
+def run_spare(spec: BoxSpec, name: str, conn: socket.socket, status_w: int, worker: SpareWorker) -> NoReturn:
+    """PID 1 of a job not yet known, forked by the fork server into a new PID namespace while
+    the job before runs (root): it makes and joins the job's cgroup (a move between cgroups
+    waits for an RCU grace period), unshares the other namespaces and builds the common
+    view (``make_common_view``), then waits on ``conn`` for its job: {"job", "uid",
+    "work_bytes"} with the worker's pipes attached. Then the job's own view, the worker,
+    reaping, and the worker's wait status to ``status_w``. What failed before the job came
+    is said in the job's stdout, and the job ends with ``BOX_FAILED``."""
+    failure, locked = "", False
+    try:
+        _die_with_parent()  # the fork server: a grader that dies takes its boxes along
+        os.setsid()  # the parent kills the job's process group: this one, and the worker's
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        if spec.cgroups:  # through the host's mounts, before the job's view hides them
+            JobCgroup.make(spec.cgroups, name).join()
+        _check(_libc.unshare(_REST), "unshare")
+        locked = make_common_view(spec.devices, spec.hide_python_from, spec.userns)
+    except BaseException as exc:
+        failure = f"the job's box could not be made: {exc}"
+    try:
+        msg, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 2)
+    except OSError:
+        os._exit(0)
+    conn.close()
+    if not msg:  # not needed after all (the server has gone, or made it anew)
+        os._exit(0)
+    job = json.loads(msg)
+    pipes = (fds[0], fds[1] if len(fds) > 1 else None)
+    if failure:
+        _say(job["job"], failure)
+        os._exit(BOX_FAILED)
+    try:
+        make_job_view(job["job"], job["uid"], job["work_bytes"], locked)
+        log = open_log(job["job"])
+        pid = os.fork()
+    except BaseException as exc:
+        _say(job["job"], f"the job's file system view could not be made: {exc}")
+        os._exit(BOX_FAILED)
+    if pid == 0:
+        os.close(status_w)
+        code = 70
+        try:
+            code = worker(job["job"], *pipes, log)
+        finally:
+            os._exit(code)
+    _close((*pipes, log))
+    _reap_until(pid, status_w)
 
 
 def _mirror(status: int) -> NoReturn:
@@ -401,38 +423,39 @@ def _mirror(status: int) -> NoReturn:
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 70)
 
 
-def _say(spec: BoxSpec, text: str) -> None:
+def _say(job: str, text: str) -> None:
     """Why the box failed, into the job's stdout (what the grader shows of a job that ran
     nothing: its start-up check quotes it)."""
     with contextlib.suppress(OSError):
-        fd = os.open(
-            Path(spec.job) / "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600
-        )
+        fd = os.open(Path(job) / "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         os.write(fd, f"bertlab: the sandbox could not be set up: {text}\n".encode())
         os.close(fd)
 
 
 def make_view(spec: BoxSpec) -> None:
     """The job's mount namespace, as init (pid 1, with every capability in it) builds it:
+    ``make_common_view``, then ``make_job_view``."""
+    locked = make_common_view(spec.devices, spec.hide_python_from, spec.userns)
+    make_job_view(spec.job, spec.uid, spec.work_bytes, locked)
+
+
+def make_common_view(devices: list[str], hide_python_from: list[str], userns: bool) -> bool:
+    """What every job's view is, before its job is known (a spare box builds it ahead):
 
     - every mount read-only, ``nosuid``, ``nodev`` and ``noatime``: nothing the job does
       writes a bit into a file or its metadata that another job could read back (reading
       a file under ``relatime`` sets its access time, which anyone may ``stat``);
-    - the job directory writable by root only (the worker's stdout file; the worker's uid
-      cannot write there), ``noexec``; the work dir in it a private tmpfs of
-      ``work_bytes``, ``noexec,nosuid,nodev``, owned by the worker;
-    - ``/dev`` a read-only tmpfs holding only ``DEVICES`` and the GPU's nodes;
+    - ``/dev`` a read-only tmpfs holding only ``DEVICES`` and ``devices`` (a GPU's nodes);
     - ``/proc`` a new procfs: the job's processes only; no cgroup tree under ``/sys``;
     - each of ``hide_python_from`` an empty tmpfs holding only the Python installation's
       branch of it (``python_overlays``).
-    """
+
+    Returns True where the kernel kept the access-time mode locked (a user namespace)."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    job = str(Path(spec.job).resolve())
     # detached copies, before the view loses ``dev`` and write access
     nodes = {f"/dev/{n}": _clone_tree(f"/dev/{n}") for n in DEVICES if os.path.exists(f"/dev/{n}")}
-    nodes.update({path: _clone_tree(path) for path in spec.devices})
-    branches = _clone_branches(spec.hide_python_from)
-    _mount(job, job, None, MS_BIND | MS_REC)
+    nodes.update({path: _clone_tree(path) for path in devices})
+    branches = _clone_branches(hide_python_from)
     for hidden, kept in branches.items():
         _mount("tmpfs", hidden, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0755")
         for name, fd in kept:
@@ -440,21 +463,14 @@ def make_view(spec: BoxSpec) -> None:
             os.mkdir(target, 0o755)
             _attach(fd, target)
             os.close(fd)
-    locked = _view_read_only(userns=spec.userns)
-    # the job dir: root's (or, in a user namespace, the grader's) stdout file is written there
-    _setattr(
-        job,
-        _ATTR_NOSUID | _ATTR_NODEV | _ATTR_NOEXEC | (0 if locked else _ATTR_NOATIME),
-        _ATTR_RDONLY | (0 if locked else _ATTR_ATIME_MASK),
-        recursive=True,
-    )
+    locked = _view_read_only(userns=userns)
     try:
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     except OSError:
         # a user namespace may mount a procfs only where the host's is fully visible (not
         # in a container that masks /proc/kcore...): the host's stays, read-only; the PID
         # namespace still bounds what the job can signal or outlive (doctor: degraded)
-        if not spec.userns:
+        if not userns:
             raise
     # a sysfs of the job's network namespace (/sys/class/net: its loopback only), where no
     # cgroup hierarchy is mounted (other jobs' memory and process counts live there)
@@ -465,16 +481,26 @@ def make_view(spec: BoxSpec) -> None:
             flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
             _mount("tmpfs", "/sys/fs/cgroup", "tmpfs", flags, "size=4k,mode=0555")
     _make_dev(nodes, locked)
+    return locked
+
+
+def make_job_view(job_dir: str, uid: int | None, work_bytes: int, atime_locked: bool) -> None:
+    """The job's own part of the view: its directory writable by root only (the worker's
+    stdout file; the worker's uid cannot write there), ``noexec``; the work dir in it a
+    private tmpfs of ``work_bytes``, ``noexec,nosuid,nodev``, owned by the worker."""
+    job = str(Path(job_dir).resolve())
+    _mount(job, job, None, MS_BIND)  # a copy of the read-only mount it is on, made writable
+    _setattr(
+        job,
+        _ATTR_NOSUID | _ATTR_NODEV | _ATTR_NOEXEC | (0 if atime_locked else _ATTR_NOATIME),
+        _ATTR_RDONLY | (0 if atime_locked else _ATTR_ATIME_MASK),
+    )
     work = os.path.join(job, "work")
     _mount(
-        "tmpfs",
-        work,
-        "tmpfs",
-        MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME,
-        f"size={spec.work_bytes},mode=0700",
+        "tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME, f"size={work_bytes},mode=0700"
     )
-    if spec.uid is not None:
-        os.chown(work, spec.uid, spec.uid)
+    if uid is not None:
+        os.chown(work, uid, uid)
 
 
 def _clone_branches(hidden: list[str]) -> dict[str, list[tuple[str, int]]]:
@@ -647,33 +673,64 @@ def hierarchies() -> tuple[list[Hierarchy], str]:
     return found, v2_kill
 
 
-class JobCgroup:
-    """One job's cgroups (made by the trusted parent before the fork): the keeper joins
-    them, so every process of the job is counted and limited; ``kill`` ends them all."""
+def cgroup_plan(found: list[Hierarchy], v2_kill: str, memory_bytes: int, processes: int) -> dict:
+    """What a job's cgroup is made of (JSON, in ``BoxSpec.cgroups``); {} where none."""
+    if not found and not v2_kill:
+        return {}
+    return {
+        "hierarchies": [[h.version, h.base, list(h.controllers)] for h in found],
+        "v2_kill": v2_kill,
+        "memory_bytes": memory_bytes,
+        "processes": processes,
+    }
 
-    def __init__(
-        self, found: list[Hierarchy], v2_kill: str, name: str, memory_bytes: int, processes: int
-    ) -> None:
-        self.dirs: list[str] = []
-        self.kill_dir = ""
+
+def cgroup_dirs(plan: dict, name: str) -> tuple[list[str], str]:
+    """The directories of the job cgroup ``name`` made from ``plan``, and the one whose
+    cgroup.kill ends it as a whole ('' if none)."""
+    dirs = [os.path.join(base, name) for _v, base, _c in plan.get("hierarchies", [])]
+    v2_kill = plan.get("v2_kill", "")
+    if v2_kill and not any(v == 2 and base == v2_kill for v, base, _c in plan["hierarchies"]):
+        dirs.append(os.path.join(v2_kill, name))
+    return dirs, (os.path.join(v2_kill, name) if v2_kill else "")
+
+
+class JobCgroup:
+    """One job's cgroups: made (``make``) and joined by its init, as root, so every process
+    of the job is counted and limited; ``kill`` ends them all and ``remove`` removes them
+    (the trusted parent, which ``adopt``s them once the job is forked)."""
+
+    def __init__(self, dirs: list[str], kill_dir: str) -> None:
+        self.dirs, self.kill_dir = list(dirs), kill_dir
+
+    @classmethod
+    def adopt(cls, dirs: list[str], kill_dir: str) -> JobCgroup:
+        return cls(dirs, kill_dir)
+
+    @classmethod
+    def make(cls, plan: dict, name: str) -> JobCgroup:
+        dirs, kill_dir = cgroup_dirs(plan, name)
+        made = cls([], kill_dir)
         try:
-            for h in found:
-                d = os.path.join(h.base, name)
+            for d in dirs:
                 os.mkdir(d)
-                self.dirs.append(d)
-                for c in h.controllers:
-                    for file, value in _limits(h.version, c, memory_bytes, processes):
+                made.dirs.append(d)
+            for (version, _base, controllers), d in zip(plan["hierarchies"], dirs, strict=False):
+                for c in controllers:
+                    for file, value in _limits(version, c, plan["memory_bytes"], plan["processes"]):
                         with contextlib.suppress(FileNotFoundError):  # memsw without swap accounting
                             with open(os.path.join(d, file), "w") as f:
                                 f.write(value)
-            if v2_kill and not any(h.version == 2 and h.base == v2_kill for h in found):
-                d = os.path.join(v2_kill, name)
-                os.mkdir(d)
-                self.dirs.append(d)
-            self.kill_dir = next((d for d in self.dirs if d.startswith(v2_kill + "/")), "") if v2_kill else ""
         except OSError:
-            self.remove()
+            made.remove()
             raise
+        return made
+
+    def join(self) -> None:
+        """Move this process (every thread; its children to come) into the job's cgroups."""
+        for procs in self.procs:
+            with open(procs, "w") as f:
+                f.write("0")
 
     @property
     def procs(self) -> list[str]:
@@ -713,6 +770,23 @@ class JobCgroup:
                 except OSError:  # EBUSY while the last killed process is reaped
                     continue
         self.dirs = []
+
+
+def remove_stale(plan: dict, prefix: str) -> None:
+    """Remove the empty job cgroups whose names start with ``prefix`` (spare boxes a fork
+    server made that no job took)."""
+    for _v, base, _c in plan.get("hierarchies", []):
+        with contextlib.suppress(OSError):
+            for name in os.listdir(base):
+                if name.startswith(prefix):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(os.path.join(base, name))
+    if plan.get("v2_kill"):
+        with contextlib.suppress(OSError):
+            for name in os.listdir(plan["v2_kill"]):
+                if name.startswith(prefix):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(os.path.join(plan["v2_kill"], name))
 
 
 def _limits(version: int, controller: str, memory_bytes: int, processes: int) -> list[tuple[str, str]]:
@@ -759,7 +833,6 @@ def weak_allowed() -> bool:
     return os.environ.get(WEAK_ENV) == "1"
 
 
-@contextlib.contextmanager
 def job_box(
     found: Support,
     job: Path,
@@ -768,33 +841,23 @@ def job_box(
     memory_bytes: int,
     processes: int,
     device: str,
-):
-    """One job's box, for the parent: (the spec to send with the fork, the job's cgroup),
-    both None where this machine allows no box. The cgroup is removed at exit, after its
-    processes are killed."""
+) -> BoxSpec | None:
+    """One job's box, as the parent asks the fork server for it; None where this machine
+    allows no box. Its cgroup is made by the job's init (as root); the fork server's reply
+    names it (``JobCgroup.adopt``)."""
     if found.mode is None:
-        yield None, None
-        return
-    cgroup = None
-    if found.hierarchies or found.v2_kill:
-        cgroup = JobCgroup(
-            list(found.hierarchies), found.v2_kill, f"job-{os.getpid()}-{next(_ids)}", memory_bytes, processes
-        )
-    spec = BoxSpec(
+        return None
+    return BoxSpec(
         str(job),
         uid,
         work_bytes,
-        cgroup.procs if cgroup else [],
+        cgroup_plan(list(found.hierarchies), found.v2_kill, memory_bytes, processes),
         gpu_devices() if device.startswith("cuda") else [],
         list(found.hide_python_from),
         userns=found.mode == "userns",
     )
-    try:
-        yield spec, cgroup
-    finally:
-        if cgroup is not None:
-            cgroup.kill()
-            cgroup.remove()
 
 
-_ids = __import__("itertools").count()
+def common_key(box: dict) -> str:
+    """What a spare box is made of before its job is known: boxes of one key are alike."""
+    return json.dumps([box.get(k) for k in ("cgroups", "devices", "hide_python_from", "userns")])
