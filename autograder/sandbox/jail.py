@@ -639,6 +639,7 @@ def hierarchies() -> tuple[list[Hierarchy], str]:
             os.makedirs(base, exist_ok=True)
         except OSError:
             continue
+        _remove_orphans(base)
         v2_kill = base if os.path.exists(os.path.join(base, "cgroup.kill")) else v2_kill
         try:
             with open(os.path.join(os.path.dirname(base), "cgroup.controllers")) as f:
@@ -668,6 +669,7 @@ def hierarchies() -> tuple[list[Hierarchy], str]:
                 os.makedirs(base, exist_ok=True)
             except OSError:
                 continue
+            _remove_orphans(base)
             found.append(Hierarchy(1, base, (c,)))
             missing.discard(c)
     return found, v2_kill
@@ -770,6 +772,27 @@ class JobCgroup:
                 except OSError:  # EBUSY while the last killed process is reaped
                     continue
         self.dirs = []
+
+
+def _remove_orphans(base: str) -> None:
+    """Empty job cgroups of fork servers that are gone (a grader killed before it could
+    remove them): ``job-<server pid>-<n>``."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base):
+            parts = name.split("-")
+            if len(parts) == 3 and parts[0] == "job" and parts[1].isdigit() and not _alive(int(parts[1])):
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(base, name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def remove_stale(plan: dict, prefix: str) -> None:
