@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test explore lint generate bench bench-class bench-cold mutation docker docker-cuda docker-check clean
+.PHONY: demo test explore lint generate bench bench-class bench-cold bench-box mutation docker docker-cuda docker-check clean
 
 # scripts/install.sh is the one list of install commands: the Gradescope autograder
 # (setup.sh) and docker/Dockerfile run it too, on requirements.txt alone (the grading
@@ -50,6 +50,11 @@ bench-class: $(STAMP)
 # `nbgrader autograde`, each target a ratio measured in the same run. ARGS="--repeat 3".
 bench-cold: $(STAMP)
 	$(BIN)/python benchmarks/bench_cold.py $(ARGS)
+
+# What the job box (issue 25: namespaces, read-only view, cgroup per job) costs a warm
+# stage-01 grade, against the process-level sandbox alone, in one process. ARGS="--rounds 30".
+bench-box: $(STAMP)
+	$(BIN)/python benchmarks/bench_box.py $(ARGS)
 
 # Mutation testing of the hidden cases: every stage's reference mutated (cosmic-ray and
 # mutation/operators.py), each mutant graded as a submission; reports in build/mutation/.

@@ -173,8 +173,10 @@ def serve(fd: int) -> None:
     names = itertools.count()
 
     def own_fds() -> list[int]:
+        """The server's descriptors, which no child of it keeps."""
         fds = [fd for pidfd, (_r, _p, status) in running.items() for fd in (pidfd, status) if fd is not None]
-        return fds + [fd for _p, conn, status, _n in spares.values() for fd in (conn.fileno(), status)]
+        fds += [fd for _p, conn, status, _n in spares.values() for fd in (conn.fileno(), status)]
+        return fds + ([pid_ns] if pid_ns is not None else [])
 
     def make_spare(box: dict) -> tuple[int, socket.socket, int, str]:
         name = f"job-{os.getpid()}-{next(names)}"
