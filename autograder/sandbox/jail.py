@@ -378,6 +378,7 @@ def run_spare(spec: BoxSpec, name: str, conn: socket.socket, status_w: int, work
         locked = make_common_view(spec.devices, spec.hide_python_from, spec.userns)
     except BaseException as exc:
         failure = f"the job's box could not be made: {exc}"
+    pid, handoff = (0, None) if failure else _prefork_worker(worker, (conn, status_w))
     try:
         msg, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 2)
     except OSError:
@@ -386,26 +387,42 @@ def run_spare(spec: BoxSpec, name: str, conn: socket.socket, status_w: int, work
     if not msg:  # not needed after all (the server has gone, or made it anew)
         os._exit(0)
     job = json.loads(msg)
-    pipes = (fds[0], fds[1] if len(fds) > 1 else None)
     if failure:
         _say(job["job"], failure)
         os._exit(BOX_FAILED)
     try:
         make_job_view(job["job"], job["uid"], job["work_bytes"], locked)
         log = open_log(job["job"])
-        pid = os.fork()
+        socket.send_fds(handoff, [msg], [log, *fds])
     except BaseException as exc:
         _say(job["job"], f"the job's file system view could not be made: {exc}")
         os._exit(BOX_FAILED)
+    _close((*fds, log))
+    handoff.close()
+    _reap_until(pid, status_w)
+
+
+def _prefork_worker(worker: SpareWorker, closed: tuple) -> tuple[int, socket.socket]:
+    """The spare's worker, forked ahead too (in the job's cgroup and namespaces already): it
+    waits for its job, which init hands over once the job's own view is made: the job as
+    JSON, then the log and the worker's pipes."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
     if pid == 0:
-        os.close(status_w)
         code = 70
         try:
-            code = worker(job["job"], *pipes, log)
+            ours.close()
+            for thing in closed:
+                thing.close() if isinstance(thing, socket.socket) else os.close(thing)
+            msg, fds, _flags, _addr = socket.recv_fds(theirs, 1 << 16, 3)
+            theirs.close()
+            if msg and len(fds) >= 2:
+                job = json.loads(msg)
+                code = worker(job["job"], fds[1], fds[2] if len(fds) > 2 else None, fds[0])
         finally:
             os._exit(code)
-    _close((*pipes, log))
-    _reap_until(pid, status_w)
+    theirs.close()
+    return pid, ours
 
 
 def _mirror(status: int) -> NoReturn:
