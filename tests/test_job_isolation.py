@@ -494,3 +494,66 @@ def test_without_root_a_job_reaches_no_listener_and_leaves_no_daemon():
         for pid in _alive(marker):
             os.kill(pid, 9)
         shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+# -- spare boxes: made ahead, gone with their grader -----------------------------------------------
+
+ABANDON = """
+import os, sys, json
+from pathlib import Path
+from autograder.grader.grade import Grader
+g = Grader()
+g.grade(Path(sys.argv[1]), ["01_attention"])  # a job, and the spare the server made after it
+print(json.dumps({"server": g.server.proc.pid}), flush=True)
+os._exit(0)  # a grader killed: no close, no atexit
+"""
+
+
+def _in_cgroup_of(prefix: str) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/cgroup") as f:
+                    if prefix in f.read():
+                        found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+@needs_box
+@root_only
+@pytest.mark.skipif(not confine.box_support().cgroups, reason="no cgroup controllers for jobs here")
+def test_a_grader_that_dies_takes_its_spare_boxes_along():
+    """The fork server makes the next job's box ahead (its init and worker waiting in the
+    job's cgroup); a grader killed outright leaves neither those processes nor, once the
+    next grader starts, their cgroups."""
+    proc = subprocess.run(
+        [sys.executable, "-c", ABANDON, str(ROOT / "examples" / "class" / "ada_correct_matmul")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    server = json.loads(proc.stdout.splitlines()[-1])["server"]
+    prefix = f"/bertlab/job-{server}-"
+    left = _in_cgroup_of(prefix)
+    for _ in range(50):
+        if not left:
+            break
+        time.sleep(0.1)
+        left = _in_cgroup_of(prefix)
+    for pid in left:
+        os.kill(pid, 9)
+    assert left == []
+    # the next grader removes the cgroups the dead server's spares made
+    subprocess.run(
+        [sys.executable, "-c", "from autograder.sandbox import confine; confine.box_support()"],
+        cwd=ROOT,
+        check=True,
+        timeout=60,
+    )
+    for h in confine.box_support().hierarchies:
+        assert not [n for n in os.listdir(h.base) if n.startswith(f"job-{server}-")], h.base
