@@ -231,6 +231,15 @@ def test_zip_holds_what_gradescope_and_grading_need(runs):
     assert one.read_bytes() == two.read_bytes()
 
 
+def test_a_zip_built_to_grade_without_a_job_box_says_so_in_its_config(tmp_path):
+    """Where Gradescope's container refuses namespaces, grading refuses to start (the
+    instructor's log says why) unless the zip was built with --allow-weak-sandbox."""
+    with zipfile.ZipFile(build_zip(tmp_path / "weak.zip", [STAGE], allow_weak_sandbox=True)) as zf:
+        assert json.loads(zf.read(CONFIG))["allow_weak_sandbox"] is True
+    with zipfile.ZipFile(build_zip(tmp_path / "strict.zip", [STAGE])) as zf:
+        assert "allow_weak_sandbox" not in json.loads(zf.read(CONFIG))
+
+
 def _install_calls(text: str) -> list[tuple[str, ...]]:
     """Every ``bash scripts/install.sh PYTHON REQUIREMENTS`` in a script, Makefile or Dockerfile."""
     return [tuple(m) for m in re.findall(r"bash (scripts/install\.sh) (\S+) (\S+)", text)]

@@ -170,9 +170,11 @@ def _add(zf: zipfile.ZipFile, name: str, data: bytes, executable: bool = False) 
     zf.writestr(info, data)
 
 
-def build_zip(out: Path, stages: list[str] | None = None) -> Path:
+def build_zip(out: Path, stages: list[str] | None = None, allow_weak_sandbox: bool = False) -> Path:
     """Write Gradescope's autograder zip to ``out`` (a directory gets ``autograder.zip``),
-    grading ``stages`` (default: all). Returns the zip's path."""
+    grading ``stages`` (default: all). ``allow_weak_sandbox``: grade even where Gradescope's
+    container lets the grader make no job box (README: Security model). Returns the zip's
+    path."""
     from autograder.stages import stage_ids
 
     known = stage_ids()
@@ -181,6 +183,8 @@ def build_zip(out: Path, stages: list[str] | None = None) -> Path:
             raise ValueError(f"unknown stage {s!r}; known stages: {', '.join(known)}")
     chosen = list(stages or known)
     config = _config(chosen)
+    if allow_weak_sandbox:
+        config["allow_weak_sandbox"] = True
     fallback = failure_results(config["max_score"], 0.0, chosen)
     out = out / "autograder.zip" if out.is_dir() else out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -311,6 +315,10 @@ def run(root: Path) -> int:
         # Found before torch loads, so the fork server imports it while this process does
         # (no server at all for an upload without a stage file); expected values come from
         # the zip's store, checked (``grader/expected.py``).
+        if config.get("allow_weak_sandbox"):  # the instructor said so when building the zip
+            from autograder.sandbox.jail import WEAK_ENV
+
+            os.environ[WEAK_ENV] = "1"
         submission = Submission.upload(root / "submission", stages).path
         server = launch_for([submission], stages)
         with open_grader(config.get("device", "cpu"), None, SUBMISSION_S, server=server) as grader:
@@ -357,11 +365,19 @@ def command(
         list[str] | None,
         typer.Option("--stage", "-s", help="Stage id(s) this Gradescope assignment grades; default: all."),
     ] = None,
+    allow_weak_sandbox: Annotated[
+        bool,
+        typer.Option(
+            help="Grade even where the container allows no job box (no namespaces): student code "
+            "then runs with the process-level sandbox alone. Without it such a run says why and "
+            "grades nothing."
+        ),
+    ] = False,
 ) -> None:
     """Build Gradescope's autograder zip (setup.sh, run_autograder, requirements, the
     reference and hidden cases): upload it as the assignment's autograder."""
     try:
-        path = build_zip(out, stage)
+        path = build_zip(out, stage, allow_weak_sandbox)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
