@@ -214,7 +214,10 @@ class ForkServer:
         with self._checking:
             if not self._checked:
                 self._checked = True
-                self._unusable = self.self_test() or ""
+                # twice before refusing: one child that failed to start is not yet a
+                # machine where no child can (each try is a whole job: its own box)
+                first = self.self_test()
+                self._unusable = first and (self.self_test() and f"{first} (and again on a second try)") or ""
         if self._unusable:
             raise SandboxUnusable(self._unusable)
 

@@ -339,8 +339,19 @@ def _work(worker: Worker, ready_r: int, log: int) -> NoReturn:
     code = 70
     try:
         code = worker(ready, log)
+    except BaseException:
+        _trace()
     finally:
         os._exit(code)
+
+
+def _trace() -> None:
+    """What went wrong in a worker that raised, into its stdout (the job's log)."""
+    with contextlib.suppress(BaseException):
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
 
 
 def _reap_until(worker: int, status_w: int) -> NoReturn:
@@ -419,6 +430,8 @@ def _prefork_worker(worker: SpareWorker, closed: tuple) -> tuple[int, socket.soc
             if msg and len(fds) >= 2:
                 job = json.loads(msg)
                 code = worker(job["job"], fds[1], fds[2] if len(fds) > 2 else None, fds[0])
+        except BaseException:
+            _trace()
         finally:
             os._exit(code)
     theirs.close()
