@@ -222,3 +222,36 @@ def once_per_session(tmp_path_factory, key: str, compute):
             tmp.write_text(json.dumps(compute()))
             tmp.replace(done)
     return json.loads(done.read_text())
+
+
+def revealing_python(command: list[str], skel: Path) -> list[str]:
+    """``command`` in a private mount namespace where every user may pass through the
+    directory that hides the Python installation (pyenv's /root, mode 0700) to the
+    installation, as an image's /usr is readable; the rest of that directory stays hidden
+    (``skel``, an empty directory made here, is mounted over it). Unchanged where nothing
+    hides the installation."""
+    import stat as _stat
+    import sys as _sys
+
+    base = Path(_sys.base_prefix).resolve()
+    hidden = next((p for p in reversed(base.parents) if not os.stat(p).st_mode & _stat.S_IXOTH), None)
+    if hidden is None:
+        return command
+    inner = base.relative_to(hidden).parts[0]
+    (skel / inner).mkdir(mode=0o755, parents=True, exist_ok=True)
+    os.chmod(skel, 0o755)
+    script = 'mount --bind "$1/$2" "$3/$2" && mount --rbind "$3" "$1" && shift 3 && exec "$@"'
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        script,
+        "sh",
+        str(hidden),
+        inner,
+        str(skel),
+        *command,
+    ]

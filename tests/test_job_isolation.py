@@ -34,7 +34,7 @@ import safetensors.torch
 
 from autograder.grader.runner import ForkServer, Limits, run_submission
 from autograder.sandbox import confine, jail
-from tests.support import ROOT, max_score, write_py
+from tests.support import ROOT, max_score, revealing_python, write_py
 
 BOXED = confine.box_support().mode is not None
 needs_box = pytest.mark.skipif(
@@ -405,27 +405,7 @@ def _as_nobody(argv: list[str], tmp: Path) -> subprocess.CompletedProcess:
     """``argv`` as uid 65534, in a private mount namespace where that user may pass through
     root's private home to the Python installation (as an image's /usr is readable)."""
     command = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
-    hidden = jail.python_overlays([sys.base_prefix])
-    if hidden:
-        skel = tmp / "skel"
-        inner = Path(sys.base_prefix).resolve().relative_to(hidden[0]).parts[0]
-        (skel / inner).mkdir(mode=0o755, parents=True, exist_ok=True)
-        os.chmod(skel, 0o755)
-        script = 'mount --bind "$1/$2" "$3/$2" && mount --rbind "$3" "$1" && shift 3 && exec "$@"'
-        command = [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            script,
-            "sh",
-            hidden[0],
-            inner,
-            str(skel),
-            *command,
-        ]
+    command = revealing_python(command, tmp / "skel")
     env = {**os.environ, "HOME": str(tmp), "COLUMNS": "250"}
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 

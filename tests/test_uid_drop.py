@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, max_score
+from tests.support import ROOT, max_score, revealing_python
 
 STAGE = "01_attention"
 EXAMPLES = ROOT / "examples" / "class"
@@ -64,24 +64,7 @@ def run(
     skel = None
     if reveal_python and PYTHON_HIDDEN is not None:
         skel = Path(tempfile.mkdtemp(prefix="bertlab-reveal-"))
-        os.chmod(skel, 0o755)
-        inner = Path(sys.base_prefix).resolve().relative_to(PYTHON_HIDDEN).parts[0]
-        (skel / inner).mkdir(mode=0o755)
-        script = 'mount --bind "$1/$2" "$3/$2" && mount --rbind "$3" "$1" && shift 3 && exec "$@"'
-        command = [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            script,
-            "sh",
-            str(PYTHON_HIDDEN),
-            inner,
-            str(skel),
-            *command,
-        ]
+        command = revealing_python(command, skel)
     try:
         return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, **kw)
     finally:
