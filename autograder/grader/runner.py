@@ -309,7 +309,7 @@ class ForkServer:
             found = confine.box_support()
             if found.mode == "root":
                 plan = jail.cgroup_plan(list(found.hierarchies), found.v2_kill, 1, 1)
-                jail.remove_stale(plan, f"job-{self.proc.pid}-")
+                jail.remove_orphans(plan)
 
     def __enter__(self) -> ForkServer:
         return self
@@ -672,7 +672,7 @@ def run_submission(
             try:
                 pid, exits, made = server.fork(job, w, control_r, box)
                 if made is not None:
-                    cgroups.append(jail.JobCgroup.adopt(*made))
+                    cgroups.append(jail.JobCgroup(*made))
             except BaseException:  # no child: the parent's ends go too
                 os.close(r)
                 os.close(control_w)

@@ -730,14 +730,10 @@ def cgroup_dirs(plan: dict, name: str) -> tuple[list[str], str]:
 class JobCgroup:
     """One job's cgroups: made (``make``) and joined by its init, as root, so every process
     of the job is counted and limited; ``kill`` ends them all and ``remove`` removes them
-    (the trusted parent, which ``adopt``s them once the job is forked)."""
+    (the trusted parent, which the fork server's reply names them to)."""
 
     def __init__(self, dirs: list[str], kill_dir: str) -> None:
         self.dirs, self.kill_dir = list(dirs), kill_dir
-
-    @classmethod
-    def adopt(cls, dirs: list[str], kill_dir: str) -> JobCgroup:
-        return cls(dirs, kill_dir)
 
     @classmethod
     def make(cls, plan: dict, name: str) -> JobCgroup:
@@ -825,21 +821,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def remove_stale(plan: dict, prefix: str) -> None:
-    """Remove the empty job cgroups whose names start with ``prefix`` (spare boxes a fork
-    server made that no job took)."""
+def remove_orphans(plan: dict) -> None:
+    """``_remove_orphans`` in every hierarchy of ``plan`` (a fork server just closed: the
+    spare boxes it had made died with it)."""
     for _v, base, _c in plan.get("hierarchies", []):
-        with contextlib.suppress(OSError):
-            for name in os.listdir(base):
-                if name.startswith(prefix):
-                    with contextlib.suppress(OSError):
-                        os.rmdir(os.path.join(base, name))
+        _remove_orphans(base)
     if plan.get("v2_kill"):
-        with contextlib.suppress(OSError):
-            for name in os.listdir(plan["v2_kill"]):
-                if name.startswith(prefix):
-                    with contextlib.suppress(OSError):
-                        os.rmdir(os.path.join(plan["v2_kill"], name))
+        _remove_orphans(plan["v2_kill"])
 
 
 def _limits(version: int, controller: str, memory_bytes: int, processes: int) -> list[tuple[str, str]]:
@@ -897,7 +885,7 @@ def job_box(
 ) -> BoxSpec | None:
     """One job's box, as the parent asks the fork server for it; None where this machine
     allows no box. Its cgroup is made by the job's init (as root); the fork server's reply
-    names it (``JobCgroup.adopt``)."""
+    names it (a ``JobCgroup`` of its directories)."""
     if found.mode is None:
         return None
     return BoxSpec(
