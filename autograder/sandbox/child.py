@@ -197,9 +197,6 @@ def main(
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
 
     _keep_freed_memory()
     plan = json.loads((job / "plan.json").read_text())
@@ -214,6 +211,10 @@ def main(
         except OSError as exc:
             print(f"bertlab: the sandbox could not be set up: {exc}", file=sys.stderr, flush=True)
             return CONFINE_FAILED
+    # after the box is complete: until then its init may be replacing /dev under this process
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
     torch.set_num_threads(1)  # one core per child: grading parallelises across submissions
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = False
