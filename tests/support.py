@@ -78,11 +78,11 @@ def call_of(plan, pc):
     return call, {k: wire.decode(v, plan.inputs | plan.hidden_inputs) for k, v in call.data.items()}
 
 
-def verdicts(plan, ns: dict, name: str) -> list[tuple[Any, bool]]:
-    """``(planned case, passed)`` for every case of the graded ``name``, its call run on the
-    namespace ``ns`` here as the child runs it (same driver, same build-load-call) and checked
-    as the grader checks it. No sandbox and no forbidden-call watch: this tells programs
-    apart by their values."""
+def case_results(plan, ns: dict, name: str) -> list[tuple[Any, Any]]:
+    """``(planned case, CaseResult)`` for every case of the graded ``name``, its call run on
+    the namespace ``ns`` here as the child runs it (same driver, same build-load-call) and
+    checked as the grader checks it, with the stage's named mistakes. No sandbox and no
+    forbidden-call watch: this tells programs apart by their values."""
     from autograder.runtime.check import check_case
     from autograder.runtime.harness import run_call
 
@@ -93,8 +93,22 @@ def verdicts(plan, ns: dict, name: str) -> list[tuple[Any, bool]]:
             status, info, items = run_call(
                 ns, call.name, call.kind, data, call.outputs, (), plan.device, call.driver
             )
-            out.append((pc, check_case(pc.label, status, info, items, pc.expectation, {}).passed))
+            out.append(
+                (pc, check_case(pc.label, status, info, items, pc.expectation, plan.spec.misconceptions))
+            )
     return out
+
+
+def verdicts(plan, ns: dict, name: str) -> list[tuple[Any, bool]]:
+    """``(planned case, passed)`` for every case of ``name`` (``case_results``)."""
+    return [(pc, r.passed) for pc, r in case_results(plan, ns, name)]
+
+
+def named_mistakes(plan, ns: dict, name: str) -> tuple[int, set[str]]:
+    """How many cases of ``name`` the code in ``ns`` fails, and the mistakes named on them;
+    a case that fails unnamed is named ``"?"`` (a real mistake the catalogue must explain)."""
+    failing = [r for _, r in case_results(plan, ns, name) if not r.passed]
+    return len(failing), {m for r in failing for m in (r.misconceptions or ["?"])}
 
 
 # -- notebooks, results files, the CLI, work shared between xdist workers ------------------

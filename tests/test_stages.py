@@ -12,7 +12,7 @@ from autograder.grader.notebooks import generate_stage
 from autograder.grader.plan import StagePlan
 from autograder.runtime.check import check_case
 from autograder.stages import all_specs, stage_ids
-from autograder.stages.spec import build_case
+from autograder.stages.spec import LARGE, build_case, small_cases
 from tests.support import ROOT
 
 SPECS = {s.id: s for s in all_specs()}
@@ -129,6 +129,89 @@ def test_every_optional_parameter_is_left_out_by_a_case_and_moved_by_another(sta
                         left_out = True
                 assert left_out, f"{g.name}: no case leaves {p.name} at its default ({p.default!r})"
                 assert moved, f"{g.name}: no case passes {p.name} other than its default ({p.default!r})"
+
+
+def _axes(value, path: str, out: dict[tuple[str, int], int]) -> None:
+    """Each input axis's size, by (where it is, which axis): a tensor's or array's axes, and
+    the length of a list of indices (negatives, a window)."""
+    if isinstance(value, torch.Tensor | np.ndarray):
+        for axis, size in enumerate(value.shape):
+            out[(path, axis)] = int(size)
+    elif isinstance(value, list | tuple) and value and all(type(v) is int for v in value):
+        out[(f"{path} (length)", 0)] = len(value)
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _axes(v, f"{path}[{i}]", out)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _axes(v, f"{path}[{k!r}]", out)
+
+
+@pytest.mark.parametrize("stage", stage_ids())
+def test_every_size_dimension_is_one_in_some_graded_case(stage):
+    """Code that squeezes, broadcasts or indexes a size-1 axis wrongly passes every larger
+    case: each dimension the contract lets be 1 is 1 in a graded case (``Graded.dims``), and
+    every axis of every input is a declared dimension, 1, or the same size in every case."""
+    spec = SPECS[stage]
+    for g in spec.graded:
+        cases = [build_case(spec, g, t, c) for t in g.tests for c in t.cases]
+        seen: dict[tuple[str, int], set[int]] = {}
+        undeclared: dict[tuple[str, int], set[int]] = {}
+        ones = {d.name: False for d in g.dims}
+        for data in cases:
+            sizes = {d.name: d.size(data) for d in g.dims}
+            for name, size in sizes.items():
+                ones[name] |= size == 1
+            axes: dict[tuple[str, int], int] = {}
+            for i, arg in enumerate(data.args):
+                _axes(arg, f"args[{i}]", axes)
+            for k, arg in data.kwargs.items():
+                _axes(arg, f"kwargs[{k!r}]", axes)
+            for key, size in axes.items():
+                seen.setdefault(key, set()).add(size)
+                if size != 1 and size not in sizes.values():
+                    undeclared.setdefault(key, set()).add(size)
+        loose = {k: sorted(v) for k, v in undeclared.items() if len(seen[k]) > 1}
+        assert not loose, f"{g.name}: input axes that are no declared dimension (Graded.dims): {loose}"
+        never = [d.name for d in g.dims if d.never_one is None and not ones[d.name]]
+        assert not never, f"{g.name}: no graded case has {never} = 1"
+
+
+def _largest(data) -> float:
+    values: list[torch.Tensor] = []
+
+    def walk(v) -> None:
+        if isinstance(v, torch.Tensor | np.ndarray):
+            t = torch.as_tensor(v)
+            if t.is_floating_point() and t.numel():
+                values.append(
+                    t[torch.isfinite(t)].abs().max() if torch.isfinite(t).any() else t.new_zeros(())
+                )
+        elif isinstance(v, list | tuple):
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+
+    walk((data.args, dict(data.kwargs)))
+    return max((float(v) for v in values), default=0.0)
+
+
+@pytest.mark.parametrize("stage", stage_ids())
+def test_small_inputs_climb_to_the_graded_magnitudes(stage):
+    """A failure only large values show (an unstable softmax, 0 * log 0 = NaN) has a public
+    counterexample: a name's small inputs reach half its graded cases' largest input value,
+    or half of ``LARGE``, unless the spec says why not (``Graded.small_magnitude``)."""
+    spec = SPECS[stage]
+    for g in spec.graded:
+        if g.small_magnitude or not g.small:
+            continue
+        graded = max(_largest(build_case(spec, g, t, c)) for t in g.tests for c in t.cases)
+        small = max(_largest(sc.data) for sc in small_cases(spec, g))
+        assert small >= min(graded, LARGE) / 2, (
+            f"{g.name}: small inputs reach {small:g}, graded ones {graded:g}"
+        )
 
 
 @pytest.mark.parametrize("stage", stage_ids())

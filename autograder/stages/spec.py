@@ -78,6 +78,21 @@ class Variant:
 
 
 @dataclass(frozen=True)
+class Dim:
+    """A size dimension of a graded name's inputs, as the contract names it ("B", "L_k",
+    "d_model", "V", "K"): its size in a case, read from the case's data.
+
+    Every dimension the contract lets be 1 is 1 in some graded case: code that squeezes,
+    broadcasts or indexes a size-1 axis wrongly (``.squeeze()``, ``x[0]`` for a batch) passes
+    every larger case. tests/test_stages.py holds each spec to it, and checks that every axis
+    of every input is one of the declared dimensions (or the same size in every case)."""
+
+    name: str
+    size: Callable[[CaseData], int | None]  # None: this case has no such dimension
+    never_one: str | None = None  # why the contract does not allow 1, when it does not
+
+
+@dataclass(frozen=True)
 class Graded:
     """A name the student implements."""
 
@@ -118,6 +133,13 @@ class Graded:
     # Why ``small`` is empty, when it is (every graded name of a bertlab stage has one or
     # the other: tests/test_counterexamples.py).
     no_small: str | None = None
+    # The size dimensions of its inputs (``Dim``): each is 1 in some graded case unless the
+    # contract forbids it (tests/test_stages.py).
+    dims: tuple[Dim, ...] = ()
+    # The small inputs climb in magnitude too: their largest float reaches at least half the
+    # graded cases' (capped at ``LARGE``), so that a failure only large values show
+    # (an overflowing exp, 0 * log 0) has a public counterexample. Why not, when it does not.
+    small_magnitude: str | None = None
 
     def returns_per_output(self) -> tuple[str, ...]:
         if isinstance(self.returns, str):
@@ -213,6 +235,9 @@ def build_case(spec: StageSpec, graded: Graded, test: Test, case: Case) -> CaseD
 # own normal samples): simple numbers first, so a counterexample is readable when it can be.
 SMALL_VALUES = ("integers in [-1, 1]", "integers in [-3, 3]", "halves in [-2, 2]", "normal samples")
 MAX_SMALL_CASES = 40  # per graded name: the budget of a search is a few dozen calls
+# ``Graded.small_magnitude``: a name's small inputs reach half its graded cases' largest float,
+# or half of LARGE when those go further (past exp's overflow in float64, 709.8).
+LARGE = 2000.0
 _VALUE_LEVEL: ContextVar[int | None] = ContextVar("bertlab_small_values", default=None)
 
 
