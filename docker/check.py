@@ -119,7 +119,23 @@ def gradebook(path: Path) -> dict[tuple[str, str], tuple[float, list[tuple[str, 
     return out
 
 
+def _first_difference(a: object, b: object, where: str = "") -> str:
+    """Where two results first differ: "tests[3].output"."""
+    if type(a) is not type(b):
+        return where or "the whole result"
+    if isinstance(a, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return _first_difference(a.get(k), b.get(k), f"{where}.{k}" if where else str(k))
+    if isinstance(a, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if x != y:
+                return _first_difference(x, y, f"{where}[{i}]")
+    return where or "the whole result"
+
+
 def compare(checks: Checks, what: str, host: dict, other_db: Path) -> None:
+    """Every grade equals the host's, whole: scores, named mistakes, counterexamples, messages."""
     if not checks.check(other_db.is_file(), f"{what}: a gradebook in out/", str(other_db)):
         return
     other = gradebook(other_db)
@@ -136,8 +152,16 @@ def compare(checks: Checks, what: str, host: dict, other_db: Path) -> None:
         if not (differ or missing)
         else "; ".join(differ[:5] + [str(m) for m in missing[:5]]),
     )
-    same = sum(host[k][2] == other[k][2] for k in host if k in other)
-    checks.fact(f"{what}: {same}/{len(host)} results byte-identical to the host's")
+    unlike = [
+        f"{s} {st}: {_first_difference(json.loads(host[s, st][2]), json.loads(other[s, st][2]))}"
+        for s, st in sorted(host)
+        if (s, st) in other and host[s, st][2] != other[s, st][2]
+    ]
+    checks.check(
+        not unlike and bool(host),
+        f"{what}: every result equals the host's byte for byte (named mistakes, counterexamples, messages)",
+        f"{len(host)} results" if not unlike else "; ".join(unlike[:5]),
+    )
 
 
 def _holds(f, needle: bytes, chunk: int = 16 << 20) -> bool:

@@ -53,6 +53,15 @@ def _on(value: Any, device: str) -> Any:
     return value
 
 
+# The reference and its variants run one at a time in this process. torch's global random
+# generator is one per process: a driver seeds it and draws from it (10's sample under global
+# seeds 1 and 2, whose `sampling-ignores-generator` variant is exactly those draws), and any
+# module built meanwhile (nn.Linear's init, in another batch worker's plan) would take draws
+# from between the seed and the sample: the variant's tokens, and so the named mistake,
+# changed with what else the process was doing.
+_TRUSTED = threading.RLock()
+
+
 def run_trusted(
     fn: Any,
     graded: Graded,
@@ -72,7 +81,8 @@ def run_trusted(
         stages = (*(load_spec(s) for s in spec.uses), spec)
         namespace = {g.name: g.reference for s in stages for g in s.graded} | {replaces or graded.name: fn}
         fn = namespace[graded.name]
-    result = invoke(fn, graded.kind, _on(_data_dict(data), device), device, namespace, graded.driver)
+    with _TRUSTED:
+        result = invoke(fn, graded.kind, _on(_data_dict(data), device), device, namespace, graded.driver)
     outs = []
     for item in split_outputs(result, graded.outputs):
         if isinstance(item, Tensor):
