@@ -30,7 +30,7 @@ from autograder.grader.plan import StagePlan
 from autograder.grader.report import markdown
 from autograder.grader.visibility import for_students
 from autograder.runtime import selfcheck
-from autograder.runtime.check import GENERIC_MISCONCEPTIONS, check_case, returned_in_order
+from autograder.runtime.check import FLOAT32, GENERIC_MISCONCEPTIONS, check_case, returned_in_order
 from autograder.stages import all_specs, stage_ids
 from autograder.stages.spec import build_case
 from tests.support import ROOT
@@ -269,6 +269,8 @@ def test_a_stage_mistake_made_in_another_dtype_is_named_with_it(stage):
     for pc in _cases(stage):
         exp = pc.expectation
         for mid, outs in exp.variants:
+            if mid == FLOAT32:  # generic itself: see test_float32_intermediates_*
+                continue
             cast = [o.float() if o.dtype == torch.float64 else o for o in outs]
             if all(c.dtype == o.dtype for c, o in zip(cast, outs, strict=True)):
                 continue
@@ -304,6 +306,8 @@ def test_a_stage_mistake_is_named_alone_never_masked(stage):
     """A variant's own outputs name the stage's mistake(s) and no generic one."""
     for pc in _cases(stage):
         for mid, outs in pc.expectation.variants:
+            if mid == FLOAT32:
+                continue
             result = _check(stage, pc, outs)
             if not result.passed:
                 assert mid in result.misconceptions and not set(result.misconceptions) & GENERIC, (
@@ -536,3 +540,107 @@ def test_the_numpy_self_check_names_float32_arrays_and_swapped_gradients():
     report = selfcheck.check(swapped_gradients, name=name, data=data)
     assert report.misconceptions == [SWAPPED], str(report)
     assert "you return (loss, grad_outside_vectors, grad_center_vec)" in str(report)
+
+
+# -- float32 intermediates, size-1 axes: real students' forms ---------------------------------
+
+_W2V = reference.load("04_word2vec")
+
+
+def _naive_softmax_in_float32(center_vec, outside_idx, outside_vectors):
+    """A port of float32 code: everything computed in float32, the results cast back."""
+    v_c, u = center_vec.astype(np.float32), outside_vectors.astype(np.float32)
+    loss, grad_c, grad_u = _W2V.naive_softmax_loss_and_gradient(v_c, outside_idx, u)
+    return float(loss), grad_c.astype(np.float64), grad_u.astype(np.float64)
+
+
+def _attention_scale_in_float32(q, k, v, mask=None):
+    """1/sqrt(d_k) from `torch.sqrt(torch.tensor(...))`: a float32 scalar in float64 attention."""
+    scores = q @ k.transpose(-2, -1) / torch.sqrt(torch.tensor(float(q.size(-1))))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
+@pytest.mark.parametrize(
+    ("stage", "name", "fn"),
+    [
+        ("04_word2vec", "naive_softmax_loss_and_gradient", _naive_softmax_in_float32),
+        ("01_attention", "scaled_dot_product_attention", _attention_scale_in_float32),
+    ],
+)
+def test_float32_intermediates_are_named_on_float64_cases(stage, name, fn):
+    from tests.support import case_results
+
+    results = case_results(_plan(stage), {name: fn, "softmax": reference.load("01_attention").softmax}, name)
+    failing = [(pc, r) for pc, r in results if not r.passed]
+    assert failing, "every case passed: the float32 detour was not seen"
+    for pc, r in failing:
+        assert pc.test.dtype == torch.float64, r.message
+        assert r.misconceptions == [FLOAT32], (pc.label, r.message)
+        assert f"likely mistake [{FLOAT32}]: {GENERIC_MISCONCEPTIONS[FLOAT32]}" in r.text
+
+
+def test_every_float64_case_can_name_float32_intermediates():
+    """The reference's own float32 values name it on every float64 case they fail, and a
+    value off by more than float32 rounding does not."""
+    seen = 0
+    for stage in stage_ids():
+        for pc in _cases(stage):
+            lower = [outs for mid, outs in pc.expectation.variants if mid == FLOAT32]
+            if pc.test.dtype != torch.float64:
+                assert not lower, (stage, pc.label)
+                continue
+            for outs in lower:
+                result = _check(stage, pc, outs)
+                if result.passed:
+                    continue
+                assert result.misconceptions == [FLOAT32], (stage, pc.label, result.message)
+                seen += 1
+                off = [o + 1e-2 * (o.abs() + 1) if o.is_floating_point() else o for o in outs]
+                assert FLOAT32 not in _check(stage, pc, off).misconceptions, (stage, pc.label)
+    assert seen > 20
+
+
+def _naive_softmax_column_vectors(center_vec, outside_idx, outside_vectors):
+    """CS224n's column-vector habit: v_c as (d, 1), so the loss is a (1,) array and
+    grad_center_vec (d, 1)."""
+    v_c = center_vec.reshape(-1, 1)
+    scores = outside_vectors @ v_c  # (V, 1)
+    y_hat = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+    loss = -np.log(y_hat[outside_idx])  # (1,)
+    delta = y_hat.copy()
+    delta[outside_idx] -= 1
+    return loss, outside_vectors.T @ delta, delta @ v_c.T
+
+
+def _padding_mask_2d(lengths, max_len):
+    return torch.arange(max_len)[None, :] < lengths[:, None]
+
+
+@pytest.mark.parametrize(
+    ("stage", "name", "fn"),
+    [
+        ("04_word2vec", "naive_softmax_loss_and_gradient", _naive_softmax_column_vectors),
+        ("01_attention", "padding_mask", _padding_mask_2d),
+    ],
+)
+def test_values_right_but_for_size_1_axes_are_named_shape_squeezable(stage, name, fn):
+    from tests.support import case_results
+
+    results = case_results(_plan(stage), {name: fn}, name)
+    assert results and not any(r.passed for _, r in results)
+    for pc, r in results:
+        assert r.misconceptions == ["shape-squeezable"], (pc.label, r.message)
+        assert "expected shape" in r.message or "expected a Python/numpy number" in r.message, r.message
+
+
+def test_a_transposed_or_reshaped_output_is_not_called_squeezable():
+    pc = _first("01_attention", "scaled_dot_product_attention", torch.float64)
+    out, weights = pc.expectation.values
+    for wrong in (weights.transpose(-2, -1), weights.reshape(*weights.shape[:-2], -1)[..., None]):
+        if wrong.shape == weights.shape:
+            continue
+        result = _check("01_attention", pc, [out, wrong])
+        assert "shape-squeezable" not in result.misconceptions, result.message

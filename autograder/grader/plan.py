@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import numpy as np
 import safetensors.torch
 import torch
 from torch import Tensor
@@ -23,7 +24,7 @@ from autograder.grader.runner import (
     Planned,
     encode_inputs,
 )
-from autograder.runtime.check import Expectation
+from autograder.runtime.check import FLOAT32, Expectation
 from autograder.runtime.compare import tolerance_for
 from autograder.runtime.harness import invoke, split_outputs
 from autograder.stages import load_spec
@@ -92,14 +93,45 @@ def run_trusted(
     return outs
 
 
+def _in_float32(value: Any) -> Any:
+    """A case value with its float64 tensors, arrays and dtypes in float32."""
+    if isinstance(value, Tensor):
+        return value.float() if value.dtype == torch.float64 else value
+    if isinstance(value, np.ndarray):
+        return value.astype(np.float32) if value.dtype == np.float64 else value
+    if isinstance(value, torch.dtype):
+        return torch.float32 if value == torch.float64 else value
+    if isinstance(value, tuple | list):
+        return type(value)(_in_float32(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _in_float32(v) for k, v in value.items()}
+    return value
+
+
+def in_float32(data: CaseData) -> CaseData:
+    return CaseData(
+        args=_in_float32(data.args),
+        kwargs=_in_float32(dict(data.kwargs)),
+        init_args=_in_float32(data.init_args),
+        init_kwargs=_in_float32(dict(data.init_kwargs)),
+        state=_in_float32(dict(data.state)) if data.state else data.state,
+    )
+
+
 class LazyVariants(Sequence[tuple[str, list[Tensor]]]):
     """The misconception variants' outputs on one case, as (misconception id, outputs),
     computed the first time a failing submission needs them: most submissions pass most
     cases, and a class's grading starts sooner without them (09's plan: 1.9 -> 0.6 s).
-    Computed at most once; a variant that does not apply to the case (ValueError) is left out."""
+    Computed at most once; a variant that does not apply to the case (ValueError) is left out.
 
-    def __init__(self, graded: Graded, data: CaseData, device: str, spec: StageSpec) -> None:
+    A case graded in float64 also gets ``check.FLOAT32``: the reference's outputs on its inputs
+    in float32, cast back to float64, for ``check_case`` to name float32 intermediates."""
+
+    def __init__(
+        self, graded: Graded, data: CaseData, device: str, spec: StageSpec, lower: bool = False
+    ) -> None:
         self._case: tuple[Graded, CaseData, str, StageSpec] | None = (graded, data, device, spec)
+        self._lower = lower
         self._outputs: tuple[tuple[str, list[Tensor]], ...] = ()
         self._lock = threading.Lock()  # batch workers are threads sharing one plan
 
@@ -121,8 +153,22 @@ class LazyVariants(Sequence[tuple[str, list[Tensor]]]):
                     )
                 except ValueError:
                     continue
+            if self._lower:
+                outputs += self._float32(graded, data, device, spec)
             self._outputs, self._case = tuple(outputs), None
         return self._outputs
+
+    @staticmethod
+    def _float32(
+        graded: Graded, data: CaseData, device: str, spec: StageSpec
+    ) -> list[tuple[str, list[Tensor]]]:
+        try:
+            outs = run_trusted(graded.reference, graded, in_float32(data), device, spec)
+        except (ValueError, TypeError, RuntimeError):  # a reference that takes float64 alone
+            return []
+        if not any(o.dtype == torch.float32 for o in outs):
+            return []
+        return [(FLOAT32, [o.double() if o.dtype == torch.float32 else o for o in outs])]
 
     def __len__(self) -> int:
         return len(self._computed())
@@ -196,7 +242,7 @@ class StagePlan:
                         if stored is not None
                         else run_trusted(graded.reference, graded, data, device, spec)
                     )
-                    variants = LazyVariants(graded, data, device, spec)
+                    variants = LazyVariants(graded, data, device, spec, lower=test.dtype == torch.float64)
                     regions = (
                         graded.graded_region(data) if graded.graded_region else (None,) * len(graded.outputs)
                     )
