@@ -12,6 +12,7 @@ import reference
 from autograder.stages.spec import (
     Case,
     CaseData,
+    Dim,
     Graded,
     StageSpec,
     Test,
@@ -78,6 +79,27 @@ def _normalise(x: Tensor, mean: Tensor, var: Tensor, eps: float, eps_on_std: boo
     return (x - mean) / torch.sqrt(var + eps)
 
 
+def _normalise_eps(x: Tensor, mean: Tensor, var: Tensor, eps: float, where: str) -> Tensor:
+    """eps ``where``: "inside" the square root (right), added to the "std", or "none"."""
+    if where == "none":
+        return (x - mean) / torch.sqrt(var)
+    return _normalise(x, mean, var, eps, eps_on_std=where == "std")
+
+
+def _eps_shows(
+    bn_param: dict[str, Any], x: Tensor, mean: Tensor, var: Tensor, eps: float, where: str
+) -> None:
+    """A mistake about eps changes the output only where eps is not small beside the
+    variance. Where it stays within the dtype's tolerance of the right output in every call
+    of a case, the variant does not apply to the case (ValueError at the last, eval call), so
+    that it names nothing there: a form that is also wrong elsewhere gets that other name,
+    and only it. (The calls share ``bn_param``, which keeps the tally.)"""
+    tol = tolerance_for(x.dtype, "cpu")
+    right, wrong = _normalise(x, mean, var, eps), _normalise_eps(x, mean, var, eps, where)
+    shown = not torch.isclose(wrong, right, tol.rtol, tol.atol, equal_nan=False).all()
+    bn_param["eps shows"] = bn_param.get("eps shows", False) or bool(shown)
+
+
 def _batchnorm(
     x: Tensor,
     gamma: Tensor,
@@ -88,22 +110,36 @@ def _batchnorm(
     eps_on_std: bool = False,
     running_unbiased: bool = True,
     eval_stats: str = "running",  # running | batch | batch-unbiased | train
+    eps_where: str = "inside",  # train mode's eps: inside the sqrt | std | none
+    eval_eps_where: str = "inside",  # eval mode's
+    affine: tuple[str, ...] = ("train", "eval"),  # the modes that apply gamma and beta
 ) -> tuple[Tensor, None]:
     """batchnorm_forward with each knob a known mistake can turn (cache: not needed)."""
     mode, eps, momentum = bn_param["mode"], bn_param["eps"], bn_param["momentum"]
+
+    def scaled(x_hat: Tensor, in_mode: str) -> tuple[Tensor, None]:
+        return (gamma * x_hat + beta if in_mode in affine else x_hat), None
+
     if mode == "eval" and eval_stats == "running":
         mean, var = bn_param["running_mean"], bn_param["running_var"]
-        return gamma * _normalise(x, mean, var, eps) + beta, None
+        if eval_eps_where != "inside":
+            _eps_shows(bn_param, x, mean, var, eps, eval_eps_where)
+        if eps_where != "inside" and not bn_param.get("eps shows"):
+            raise ValueError("eps does not show in this case")
+        return scaled(_normalise_eps(x, mean, var, eps, eval_eps_where), "eval")
     if mode == "eval" and eval_stats in ("batch", "batch-unbiased"):
         mean, var = _statistics(x, 0, unbiased=eval_stats == "batch-unbiased")
-        return gamma * _normalise(x, mean, var, eps) + beta, None
+        return scaled(_normalise(x, mean, var, eps), "eval")
     mean, var = _statistics(x, 0, unbiased=normalise_unbiased)
     n = x.size(0)
     biased = var * (n - 1) / n if normalise_unbiased else var
     batch_var = biased * n / (n - 1) if running_unbiased else biased
     bn_param["running_mean"].mul_(1 - momentum).add_(momentum * mean[0])
     bn_param["running_var"].mul_(1 - momentum).add_(momentum * batch_var[0])
-    return gamma * _normalise(x, mean, var, eps, eps_on_std) + beta, None
+    if eps_where != "inside":
+        _eps_shows(bn_param, x, mean, var, eps, eps_where)
+        return scaled(_normalise_eps(x, mean, var, eps, eps_where), "train")
+    return scaled(_normalise(x, mean, var, eps, eps_on_std), "train")
 
 
 def _unbiased_and_biased_running(x, gamma, beta, bn_param):
@@ -125,6 +161,32 @@ BATCHNORM_VARIANTS = (
     Variant("eval-uses-batch-stats", lambda *a: _batchnorm(*a, eval_stats="batch")),
     Variant("eval-uses-batch-stats", lambda *a: _batchnorm(*a, eval_stats="batch-unbiased")),
     Variant("eval-uses-batch-stats", lambda *a: _batchnorm(*a, eval_stats="train")),  # mode ignored
+    # eps added to the standard deviation, (x - mean) / (sqrt(var) + eps), or left out,
+    # (x - mean) / sqrt(var): in train mode, and in eval mode too or not; each with the
+    # running variance right or biased (CS231n's np.var, which many copy)
+    *(
+        Variant(
+            "eps-outside-sqrt" if where == "std" else "eps-missing",
+            lambda *a, where=where, in_eval=in_eval, unbiased=unbiased: _batchnorm(
+                *a, eps_where=where, eval_eps_where=where if in_eval else "inside", running_unbiased=unbiased
+            ),
+        )
+        for where in ("std", "none")
+        for in_eval in (True, False)
+        for unbiased in (True, False)
+    ),
+    # gamma and beta left out in eval mode (normalising with the running statistics is all
+    # it does), in train mode, or in both
+    *(
+        Variant(
+            "affine-dropped",
+            lambda *a, affine=affine, unbiased=unbiased: _batchnorm(
+                *a, affine=affine, running_unbiased=unbiased
+            ),
+        )
+        for affine in (("train",), ("eval",), ())
+        for unbiased in (True, False)
+    ),
 )
 
 
@@ -161,7 +223,22 @@ def _unbiased_variants(dim: int) -> tuple[Variant, ...]:
     )
 
 
-BATCHNORM_BACKWARD_VARIANTS = _unbiased_variants(0)
+def _gamma_misplaced_variants(dim: int) -> tuple[Variant, ...]:
+    """dx of the normalisation's gradient taken on dout instead of g = dout * gamma: gamma
+    left out of dx (BatchNorm's backward reused on the transpose, its forward given ones for
+    gamma and gamma applied after), or multiplied in after the means over ``dim``."""
+
+    def misplaced(dout: Tensor, cache: Any, after: bool) -> tuple[Tensor, Tensor, Tensor]:
+        dx = ref._normalisation_backward(dout, cache.x_hat, cache.inv_std, dim=dim)
+        return (dx * cache.gamma if after else dx), (dout * cache.x_hat).sum(dim=0), dout.sum(dim=0)
+
+    return tuple(
+        Variant("dx-gamma-misplaced", lambda dout, cache, after=after: misplaced(dout, cache, after))
+        for after in (False, True)
+    )
+
+
+BATCHNORM_BACKWARD_VARIANTS = _unbiased_variants(0) + _gamma_misplaced_variants(0)
 
 
 def _layernorm(
@@ -202,6 +279,7 @@ LAYERNORM_BACKWARD_VARIANTS = (
     ),
     Variant("layernorm-wrong-axis", _backward_over_batch),
     *_unbiased_variants(-1),
+    *_gamma_misplaced_variants(-1),
 )
 
 # -- cases --------------------------------------------------------------------------------
@@ -335,6 +413,11 @@ def _gradient_tolerance(dim: int):
 
 # -- graded names -------------------------------------------------------------------------
 
+TRAIN_N = (
+    "train mode normalises with the batch's own variance, 0 for every feature of a single "
+    "example, and the unbiased running variance divides by N - 1 = 0"
+)
+
 STEP_OUTPUTS = (
     "out of call 1 (train)",
     "out of call 2 (train)",
@@ -361,6 +444,14 @@ BATCHNORM_FORWARD = Graded(
         _bn_steps((2, 2, 2, 1), 1, momentum=0.5, eps=1e-5),
         _bn_steps((2, 2, 2, 1), 1, momentum=0.5, eps=1e-5, fresh=True),
         _bn_steps((3, 2, 2, 1), 2, momentum=0.25, eps=1e-3),
+    ),
+    dims=(
+        *(
+            Dim(f"N (train call {i + 1})", lambda c, i=i: c.kwargs["batches"][i].shape[0], never_one=TRAIN_N)
+            for i in range(3)
+        ),
+        Dim("N (eval call)", lambda c: c.kwargs["batches"][3].shape[0]),
+        Dim("D", lambda c: c.kwargs["gamma"].shape[0]),
     ),
     tests=(
         Test(
@@ -390,6 +481,7 @@ BATCHNORM_FORWARD = Graded(
             cases=_bn_cases(
                 dict(sizes=(32, 32, 32, 8), d=16, momentum=0.05, eps=1e-5, fresh=True, constant_feature=True),
                 dict(sizes=(5, 9, 3, 1), d=6, momentum=0.25, eps=1e-4, mode_built_at_run_time=True),
+                dict(sizes=(4, 3, 6, 2), d=1, momentum=0.2, eps=1e-5),
             ),
         ),
         Test(
@@ -417,6 +509,10 @@ BATCHNORM_BACKWARD = Graded(
     forbidden=BACKWARD_FORBIDDEN,
     variants=BATCHNORM_BACKWARD_VARIANTS,
     small=(_grad_case(2, 1, 1e-5, True), _grad_case(3, 1, 1e-5, True), _grad_case(2, 2, 1e-3, True)),
+    dims=(
+        Dim("N", lambda c: c.kwargs["x"].shape[0], never_one=TRAIN_N),
+        Dim("D", lambda c: c.kwargs["x"].shape[1]),
+    ),
     tolerance=_gradient_tolerance(0),
     tests=(
         Test(
@@ -464,6 +560,7 @@ LAYERNORM_FORWARD = Graded(
     variants=LAYERNORM_VARIANTS,
     # two features (a variance), then two examples (the axis shows)
     small=(_ln_case(1, 2, 1e-5), _ln_case(2, 2, 1e-5), _ln_case(2, 3, 1e-3)),
+    dims=(Dim("N", lambda c: c.kwargs["x"].shape[0]), Dim("D", lambda c: c.kwargs["x"].shape[1])),
     tests=(
         Test("float32", torch.float32, points=1, hidden=False, cases=_ln_cases((4, 16, 1e-12), (6, 5, 1e-5))),
         Test(
@@ -477,7 +574,8 @@ LAYERNORM_FORWARD = Graded(
             "float64, other shapes and eps",
             torch.float64,
             points=1,
-            cases=_ln_cases((10, 3, 1e-3), (3, 32, 1e-12)),
+            # D = 1: x_hat = 0 / sqrt(eps) = 0, out = beta
+            cases=_ln_cases((10, 3, 1e-3), (3, 32, 1e-12), (4, 1, 1e-5)),
         ),
         Test(
             "float32, wide rows",
@@ -502,6 +600,7 @@ LAYERNORM_BACKWARD = Graded(
     forbidden=BACKWARD_FORBIDDEN,
     variants=LAYERNORM_BACKWARD_VARIANTS,
     small=(_grad_case(1, 2, 1e-5, False), _grad_case(2, 2, 1e-5, False), _grad_case(2, 3, 1e-3, False)),
+    dims=(Dim("N", lambda c: c.kwargs["x"].shape[0]), Dim("D", lambda c: c.kwargs["x"].shape[1])),
     tolerance=_gradient_tolerance(-1),
     tests=(
         Test(
@@ -525,7 +624,7 @@ LAYERNORM_BACKWARD = Graded(
             "float64, other shapes",
             torch.float64,
             points=1,
-            cases=_grad_cases(False, (1, 10, 1e-5), (12, 2, 1e-5), (7, 33, 0.1)),
+            cases=_grad_cases(False, (1, 10, 1e-5), (12, 2, 1e-5), (7, 33, 0.1), (5, 1, 1e-5)),
         ),
         Test(
             "float32, other shapes",
@@ -556,5 +655,19 @@ SPEC = StageSpec(
         "eval-uses-batch-stats": "your eval-mode output (or running statistics) matches using the batch's "
         "own statistics in eval mode: in eval mode, normalise with bn_param['running_mean'] and "
         "bn_param['running_var'] and leave them unchanged.",
+        "eps-outside-sqrt": "your output matches adding eps to the standard deviation, "
+        "(x - mean) / (sqrt(var) + eps): eps goes inside the square root, (x - mean) / sqrt(var + eps), "
+        "as in torch.nn.BatchNorm1d; the two differ wherever eps is not tiny beside the variance.",
+        "eps-missing": "your output matches normalising without eps, (x - mean) / sqrt(var): a feature "
+        "whose values are all equal then gives 0 / 0 = nan. Add eps inside the square root, "
+        "(x - mean) / sqrt(var + eps), in train mode as in eval mode.",
+        "affine-dropped": "your output matches x_hat without gamma and beta in one of the modes (often "
+        "eval mode, whose normalisation uses the running statistics): both modes return "
+        "gamma * x_hat + beta.",
+        "dx-gamma-misplaced": "your dx matches the gradient through the normalisation taken on dout "
+        "without gamma, or with gamma multiplied in afterwards (as when BatchNorm's backward is reused "
+        "on the transpose with gamma left out of its forward): the gradient reaching x_hat is "
+        "g = dout * gamma, and the means of the formula are means of g and g * x_hat over the "
+        "normalised axis: dx = (g - mean(g) - x_hat * mean(g * x_hat)) / sqrt(var + eps).",
     },
 )

@@ -9,7 +9,7 @@ from torch import Tensor
 
 import reference
 from autograder.stages import load_spec
-from autograder.stages.spec import Case, CaseData, Graded, StageSpec, Test, Variant, randint, randn
+from autograder.stages.spec import Case, CaseData, Dim, Graded, StageSpec, Test, Variant, randint, randn
 
 ref = reference.load("06_transformer_block")
 attention = reference.load("01_attention")
@@ -55,7 +55,16 @@ GELU = Graded(
     reference=ref.gelu,
     forbidden=GELU_OPS,
     variants=(Variant("relu-instead-of-gelu", _relu),),
-    small=(_values(1, scale=1.0), _values(2, scale=1.0), _values(3, scale=2.0)),
+    # the last at the wide range's magnitude: x * Phi(x) where Phi(x) rounds to 1 or 0, and
+    # an erf or exp written by hand that overflows there
+    small=(_values(1, scale=1.0), _values(2, scale=1.0), _values(3, scale=2.0), _values(2, scale=16.0)),
+    # elementwise on any shape: each axis of x is a dimension, 1 in some case
+    dims=tuple(
+        Dim(
+            f"x.shape[{axis}]", lambda c, axis=axis: c.args[0].shape[axis] if c.args[0].dim() > axis else None
+        )
+        for axis in range(4)
+    ),
     tests=(
         Test(
             "float32, vectors and batches",
@@ -75,7 +84,7 @@ GELU = Graded(
             "float64, wide range",
             torch.float64,
             points=1,
-            cases=_gelu_cases([((2, 3, 4, 5), 4.0), ((200,), 10.0)]),
+            cases=_gelu_cases([((2, 3, 4, 5), 4.0), ((200,), 10.0), ((1,), 3.0), ((5, 1, 1, 1), 3.0)]),
         ),
         Test(
             "float32, wide range",
@@ -129,6 +138,12 @@ FEED_FORWARD = Graded(
     reference=ref.PositionwiseFeedForward,
     variants=(Variant("relu-instead-of-gelu", _ReluFeedForward),),
     small=(_ffn(1, 1, 1, 1), _ffn(1, 1, 1, 2), _ffn(1, 1, 2, 2), _ffn(1, 2, 2, 2)),
+    dims=(
+        Dim("B", lambda c: c.args[0].shape[0]),
+        Dim("L", lambda c: c.args[0].shape[1]),
+        Dim("d_model", lambda c: c.init_args[0]),
+        Dim("d_ff", lambda c: c.init_args[1]),
+    ),
     tests=(
         Test(
             "float32, shapes",
@@ -147,6 +162,8 @@ FEED_FORWARD = Graded(
             cases=(
                 Case("B=3, L=4, d_model=12, d_ff=48", _ffn(3, 4, 12, 48)),
                 Case("B=2, L=1, d_model=4, d_ff=4", _ffn(2, 1, 4, 4)),
+                Case("B=2, L=3, d_model=1, d_ff=4", _ffn(2, 3, 1, 4)),
+                Case("B=3, L=2, d_model=5, d_ff=1", _ffn(3, 2, 5, 1)),
             ),
         ),
         Test(
@@ -289,6 +306,13 @@ ENCODER_LAYER = Graded(
         _layer(1, 2, 3, 3, 2),
         _layer(1, 3, 3, 1, 2, mask="padding"),
     ),
+    dims=(
+        Dim("B", lambda c: c.args[0].shape[0]),
+        Dim("L", lambda c: c.args[0].shape[1]),
+        Dim("d_model", lambda c: c.init_args[0]),
+        Dim("num_heads", lambda c: c.init_args[1]),
+        Dim("d_ff", lambda c: c.init_args[2]),
+    ),
     tests=(
         Test(
             "float32, no mask",
@@ -357,6 +381,9 @@ ENCODER_LAYER = Graded(
             cases=(
                 Case("h=1, B=2, L=4, d_model=8, d_ff=16", _layer(2, 4, 8, 1, 16)),
                 Case("h=d_model=6, B=2, L=5, d_ff=10, padding mask", _layer(2, 5, 6, 6, 10, mask="padding")),
+                Case("L=1, d_ff=1, B=3, d_model=4, h=2, padding mask", _layer(3, 1, 4, 2, 1, mask="padding")),
+                # a LayerNorm over one feature: each norm's output is its bias
+                Case("h=d_model=1, B=2, L=3, d_ff=4", _layer(2, 3, 1, 1, 4)),
             ),
         ),
     ),

@@ -34,6 +34,7 @@ from autograder.runtime.drivers.pretraining import vocab_words as case_vocab
 from autograder.stages.spec import (
     Case,
     CaseData,
+    Dim,
     Graded,
     StageSpec,
     Test,
@@ -376,6 +377,26 @@ def _mask_case(
         }
         if mlm_probability is not None:
             kwargs["mlm_probability"] = mlm_probability
+        return CaseData(kwargs=kwargs)
+
+    return build
+
+
+def _plain_case(shape: tuple[int, int], vocab_size: int, mask_id: int, repeats: int, mlm_probability: float):
+    """Ids in [5, vocab_size), none of them special: every position is a candidate (a batch
+    of single tokens, L = 1, has no room for [CLS] and [SEP])."""
+
+    def build(g, dtype):
+        ids = randint(g, 5, vocab_size, *shape)
+        kwargs = {
+            "input_ids": ids,
+            "special_tokens_mask": torch.zeros(shape, dtype=torch.bool),
+            "vocab_size": vocab_size,
+            "mask_token_id": mask_id,
+            "seed": _seed(g) % 2**62,
+            "repeats": repeats,
+            "mlm_probability": mlm_probability,
+        }
         return CaseData(kwargs=kwargs)
 
     return build
@@ -778,6 +799,10 @@ MASK_TOKENS = Graded(
         _two_ids_case((1, 8), 600, mlm_probability=0.5),
         _mask_case((2, 8), 10, 4, 600),
     ),
+    dims=(
+        Dim("B", lambda c: c.kwargs["input_ids"].shape[0]),
+        Dim("L", lambda c: c.kwargs["input_ids"].shape[1]),
+    ),
     tests=(
         Test(
             "real sentence pairs, 600 seeded calls",
@@ -805,6 +830,14 @@ MASK_TOKENS = Graded(
                     "B=16, L=64, vocab 2 (mask id 0), mlm_probability=0.5, 300 calls",
                     _two_ids_case((16, 64), 300, mlm_probability=0.5),
                 ),
+                Case(
+                    "B=1, L=256, vocab 50, mlm_probability=0.5, 300 calls",
+                    _mask_case((1, 256), 50, 4, 300, mlm_probability=0.5),
+                ),
+                Case(
+                    "B=256, L=1, vocab 50, no special token, mlm_probability=0.5, 300 calls",
+                    _plain_case((256, 1), 50, 4, 300, mlm_probability=0.5),
+                ),
             ),
         ),
     ),
@@ -826,6 +859,12 @@ HEADS = Graded(
     driver="pretraining:heads",
     # H = 2 and 3 (a LayerNorm over one unit is its bias, over two only a sign), a vocabulary of two
     small=(_heads_case(1, 1, 2, 2), _heads_case(1, 1, 3, 2), _heads_case(2, 2, 3, 3, eps=1e-5)),
+    dims=(
+        Dim("B", lambda c: c.kwargs["sequence_output"].shape[0]),
+        Dim("L", lambda c: c.kwargs["sequence_output"].shape[1]),
+        Dim("H", lambda c: c.kwargs["sequence_output"].shape[2]),
+        Dim("V", lambda c: c.kwargs["embedding_weight"].shape[0]),
+    ),
     tests=(
         Test(
             "float32",
@@ -852,6 +891,9 @@ HEADS = Graded(
                     "B=2, L=3, H=8, V=10, eps omitted, LayerNorm input of variance ~1e-13",
                     _heads_case(2, 3, 8, 10, eps=None, dense_scale=1e-6),
                 ),
+                # a LayerNorm over one unit: its output is its bias
+                Case("B=3, L=2, H=1, V=5, eps=1e-5", _heads_case(3, 2, 1, 5, eps=1e-5)),
+                Case("B=2, L=4, H=6, V=1", _heads_case(2, 4, 6, 1)),
             ),
         ),
         Test(
@@ -876,7 +918,18 @@ LOSS = Graded(
         Variant("mlm-loss-over-all-tokens", _mlm_over_all_positions),
     ),
     # one labelled position, then one unlabelled beside it (its -100 must not count)
-    small=(_loss_case(1, 1, 2, 1.0), _loss_case(1, 2, 2, 0.0), _loss_case(2, 2, 3, 0.5)),
+    # and scores as large as the graded ones (0 * log 0, an exp that overflows)
+    small=(
+        _loss_case(1, 1, 2, 1.0),
+        _loss_case(1, 2, 2, 0.0),
+        _loss_case(2, 2, 3, 0.5),
+        _loss_case(1, 1, 3, 1.0, scale=40.0),
+    ),
+    dims=(
+        Dim("B", lambda c: c.args[0].shape[0]),
+        Dim("L", lambda c: c.args[0].shape[1]),
+        Dim("V", lambda c: c.args[0].shape[2]),
+    ),
     tests=(
         Test(
             "float32",
@@ -900,6 +953,8 @@ LOSS = Graded(
                 Case("B=1, L=12, V=50, one label", _loss_case(1, 12, 50, 0.0)),
                 Case("B=6, L=16, V=30, every position labelled", _loss_case(6, 16, 30, 1.0)),
                 Case("B=8, L=10, V=25, large scores", _loss_case(8, 10, 25, 0.2, scale=20.0)),
+                Case("B=4, L=1, V=6, every row's one position labelled", _loss_case(4, 1, 6, 1.0)),
+                Case("B=3, L=5, V=1", _loss_case(3, 5, 1, 0.5)),
             ),
         ),
         Test(

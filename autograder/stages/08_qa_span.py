@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 import reference
-from autograder.stages.spec import Case, CaseData, Graded, StageSpec, Test, Variant, randint, randn
+from autograder.stages.spec import Case, CaseData, Dim, Graded, StageSpec, Test, Variant, randint, randn
 
 ref = reference.load("08_qa_span")
 
@@ -50,10 +50,20 @@ SPAN_HEAD = Graded(
     reference=ref.SpanHead,
     kind="module",
     small=(_head_case(1, 1, 1), _head_case(1, 2, 1), _head_case(1, 2, 2)),
+    dims=(
+        Dim("B", lambda c: c.args[0].shape[0]),
+        Dim("L", lambda c: c.args[0].shape[1]),
+        Dim("hidden", lambda c: c.init_args[0]),
+    ),
     tests=(
         Test("float32", torch.float32, points=1, hidden=False, cases=_head_cases((2, 7, 8), (1, 5, 16))),
         Test("float64", torch.float64, points=1, hidden=False, cases=_head_cases((3, 4, 6))),
-        Test("float64, other shapes", torch.float64, points=1, cases=_head_cases((1, 1, 4), (4, 19, 32))),
+        Test(
+            "float64, other shapes",
+            torch.float64,
+            points=1,
+            cases=_head_cases((1, 1, 4), (4, 19, 32), (3, 5, 1)),
+        ),
         Test("float32, MiniLM's width", torch.float32, points=1, cases=_head_cases((2, 12, 384))),
     ),
 )
@@ -91,6 +101,12 @@ SPAN_LOSS = Graded(
         _loss_case(1, 2, [(1, 1)]),
         _loss_case(2, 2, [(0, 2), (-1, 1)]),
         _loss_case(2, 3),
+        # logits as large as the graded ones: 0 * log 0, an exp that overflows
+        _loss_case(1, 2, [(0, 1)], scale=40.0),
+    ),
+    dims=(
+        Dim("B", lambda c: c.args[0].shape[0]),
+        Dim("L", lambda c: c.args[0].shape[1]),
     ),
     tests=(
         Test(
@@ -125,6 +141,10 @@ SPAN_LOSS = Graded(
                     _loss_case(6, 8, [(0, 0), (-3, -3), (8, 2), (100, 100), (3, 8), (7, -1)]),
                 ),
                 Case("B=3, L=4, every end past the end but one", _loss_case(3, 4, [(1, 4), (2, 9), (0, 3)])),
+                Case(
+                    "B=3, L=1, (start, end) = (0, 0), (1, 0), (-2, 1)",
+                    _loss_case(3, 1, [(0, 0), (1, 0), (-2, 1)]),
+                ),
             ),
         ),
         Test(
@@ -311,6 +331,20 @@ def _span_cases(*specs: dict) -> tuple[Case, ...]:
     return tuple(Case(_span_label(**s), _span_case(**s)) for s in specs)
 
 
+def _one_position_case(b: int, high: int = 4):
+    """L = 1: the one position is each row's context (its answer is (0, 0)), but in the last
+    row, which has none (not graded)."""
+
+    def build(g, dtype):
+        s = randint(g, -high, high + 1, b, 1).to(dtype)
+        e = randint(g, -high, high + 1, b, 1).to(dtype)
+        mask = torch.ones(b, 1, dtype=torch.bool)
+        mask[-1] = False
+        return CaseData(args=(s, e, mask))
+
+    return build
+
+
 def _rows_with_context(data: CaseData) -> tuple[Tensor, Tensor]:
     rows = data.args[2].any(dim=-1)  # (B,)
     return rows, rows
@@ -338,6 +372,10 @@ BEST_SPAN = Graded(
             dict(b=3, length=8, max_answer_len=1),
             dict(b=3, length=8, max_answer_len=2, high=2),
         )
+    ),
+    dims=(
+        Dim("B", lambda c: c.args[0].shape[0]),
+        Dim("L", lambda c: c.args[0].shape[1]),
     ),
     tests=(
         Test(
@@ -368,6 +406,11 @@ BEST_SPAN = Graded(
                 dict(b=8, length=40, high=2, negative_rows=2, long_answer=True, edge_span=True),
                 dict(b=6, length=24, max_answer_len=5, negative_rows=3, empty_row=2),
                 dict(b=1, length=4),
+            )
+            + (
+                Case(
+                    "B=3, L=1, the one position is the context (the last row has none)", _one_position_case(3)
+                ),
             ),
         ),
         Test(
