@@ -261,6 +261,7 @@ class StagePlan:
                         ),
                         device=device if graded.check_device and has_tensor else None,
                         variants=variants,
+                        credit=graded.credit,
                     )
                     cases.append(PlannedCase(index, graded, test, case.label, expectation))
                     items.append((index, _data_dict(data), test.hidden))

@@ -71,6 +71,7 @@ def _case(pc: PlannedCase, call: CallSpec, tensors: dict[str, torch.Tensor], ind
         "check_device": e.device is not None,
         "variants": variants,
         "regions": [r is not None for r in e.regions],
+        "credit": list(e.credit) if e.credit else None,
     }
 
 

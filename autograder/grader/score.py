@@ -105,10 +105,11 @@ def score_stage(
             number += 1
             results = [r for _, r in pairs]
             passed = sum(r.passed for r in results)
+            earned = sum(1.0 if r.passed else r.credit for r in results)
             if graded.name in forbidden:
                 score = 0.0  # a forbidden call anywhere in this name costs all of its points
             elif test.partial_credit:
-                score = round(test.points * passed / len(results), 4)
+                score = round(test.points * earned / len(results), 4)
             else:
                 score = float(test.points) if passed == len(results) else 0.0
             mistakes: list[str] = []

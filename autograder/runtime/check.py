@@ -80,6 +80,9 @@ class Expectation:
     tolerance: Tolerance
     device: str | None  # the device outputs must be on; None: not checked
     variants: Sequence[tuple[str, Sequence[Tensor]]]  # (misconception id, outputs)
+    # The share of the case each output earns when right (``Graded.credit``); None: the case
+    # is right or wrong as a whole.
+    credit: Sequence[float] | None = None
 
 
 def _a(word: str) -> str:
@@ -155,12 +158,14 @@ def check_case(
     errors: list[float] = []
     worst: tuple[float, str] | None = None  # the largest error of any output compared, and where
     got: list[Tensor | None] = []
+    right: list[bool] = []  # per output, for a case whose outputs earn credit apart
     wrong: list[tuple[str, Tensor, Tensor, Tensor | None]] = []  # for keep
     kinds = [exp.returns] * len(exp.outputs) if isinstance(exp.returns, str) else list(exp.returns)
     for out_name, expected_kind, (kind, tensor, facts), want, region in zip(
         exp.outputs, kinds, items, exp.values, exp.regions, strict=True
     ):
         prefix = f"`{out_name}`: " if len(exp.outputs) > 1 else ""
+        right.append(False)
         if kind != expected_kind:
             what = returned_what(kind, facts)
             problems.append(f"{prefix}returned {what}; expected {KIND_NAMES[expected_kind]}")
@@ -180,7 +185,9 @@ def check_case(
         if not cmp.ok:
             problems.append(prefix + cmp.message)
             wrong.append((out_name, tensor, want, region))
-        elif cmp.max_abs is not None:
+            continue
+        right[-1] = True
+        if cmp.max_abs is not None:
             errors.append(cmp.max_abs)
     max_abs, where = worst if worst is not None else (None, None)
     if not problems:
@@ -205,11 +212,23 @@ def check_case(
             )
     every = all_hints(hints)
     hinted = {mid: every.get(mid, "") for mid in found}
+    share = _credit(exp, right)
+    if share:
+        kept = ", ".join(_output_name(o) for o, ok in zip(exp.outputs, right, strict=True) if ok)
+        problems.append(f"right: {kept}, which earn {share:.0%} of this case")
     result = CaseResult(label, False, "; ".join(problems), found, hinted, max_abs, where)
+    result.credit = share
     if keep:
         kept = (window(n, g, w, r) for n, g, w, r in wrong)
         result.arrays = tuple(k for k in kept if k is not None)
     return result
+
+
+def _credit(exp: Expectation, right: Sequence[bool]) -> float:
+    """The share of a failing case its right outputs earn (0 unless its outputs earn apart)."""
+    if not exp.credit:
+        return 0.0
+    return sum(w for w, ok in zip(exp.credit, right, strict=True) if ok) / sum(exp.credit)
 
 
 # -- mistakes named in every stage ----------------------------------------------------------

@@ -68,6 +68,9 @@ class CaseResult:
     # check_case(..., keep=True) only. Deliberately not a dataclass field (no annotation):
     # dataclasses.asdict, hence the gradebook and test snapshots, never see it.
     arrays = ()
+    # The share of a failing case's points its right outputs earn (``Graded.credit``), set by
+    # check_case; likewise no field: the score it makes is what the results keep.
+    credit = 0.0
 
     @property
     def text(self) -> str:

@@ -236,6 +236,7 @@ def _run(
         tolerance=Tolerance(case["rtol"], case["atol"]),
         device=device if case["check_device"] else None,
         variants=variants,
+        credit=case.get("credit"),
     )
     return call, status, info, items, exp
 

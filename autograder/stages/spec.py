@@ -133,6 +133,10 @@ class Graded:
     # Why ``small`` is empty, when it is (every graded name of a bertlab stage has one or
     # the other: tests/test_counterexamples.py).
     no_small: str | None = None
+    # Outputs that are right or wrong apart (a BatchNorm's train outputs, its running
+    # statistics, its eval output): the share of a case each earns when right, one weight
+    # per output. None: a case is right or wrong as a whole. Only with partial credit.
+    credit: tuple[float, ...] | None = None
     # The size dimensions of its inputs (``Dim``): each is 1 in some graded case unless the
     # contract forbids it (tests/test_stages.py).
     dims: tuple[Dim, ...] = ()
@@ -182,6 +186,10 @@ class StageSpec:
                 raise ValueError(f"{self.id}.{g.name}: test groups repeat: {groups}")
             if g.clause is not None and not g.clause.startswith(f"{self.id[:2]}."):
                 raise ValueError(f"{self.id}.{g.name}: clause {g.clause!r} is not one of this stage's")
+            if g.credit is not None and (
+                len(g.credit) != len(g.outputs) or min(g.credit) < 0 or not sum(g.credit)
+            ):
+                raise ValueError(f"{self.id}.{g.name}: one non-negative `credit` weight per output")
             if g.small and g.no_small:
                 raise ValueError(f"{self.id}.{g.name}: small inputs, or a reason why there are none")
 
