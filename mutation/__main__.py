@@ -27,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", metavar="ID", help="grade only these mutants")
     parser.add_argument("--list", action="store_true", help="list the mutants (id, change); grade nothing")
     parser.add_argument("--show", metavar="ID", help="print one mutant's diff and the names it changes")
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="give failing tests their counterexamples and count those that say nothing of why",
+    )
     args = parser.parse_args(argv)
     known = stage_ids()
     unknown = [s for s in args.stages if s not in known]
@@ -55,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         only=set(args.only) if args.only else None,
         log=stderr,
         on_stage=lambda report: write_stage(report, args.out),
+        explain=args.explain,
     )
     write_summary(reports, args.out)
     if args.only:

@@ -57,6 +57,9 @@ class Outcome:
     lost_tests: list[str]  # "name · group (hidden)" of every test that lost points
     seconds: float
     why: str = ""  # equivalent: the reviewed reason; error: what the grader said
+    # With ``run(explain=True)``: the failing tests that say nothing of why (no named mistake,
+    # no counterexample, no public case, no reason: ``TestResult.explanation``)
+    bare: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         m = self.mutant
@@ -71,6 +74,7 @@ class Outcome:
             "lost_tests": self.lost_tests,
             "seconds": round(self.seconds, 3),
             "why": self.why,
+            "bare": self.bare,
             "diff": m.diff,
         }
 
@@ -204,8 +208,11 @@ def grade_stage(
     workers: int,
     scratch: Path,
     progress: Callable[[int, int], None] | None = None,
+    explain: bool = False,
 ) -> tuple[list[Outcome], float, list[str]]:
-    """Grade ``mutants`` of one stage; (outcomes in the mutants' order, wall seconds, problems)."""
+    """Grade ``mutants`` of one stage; (outcomes in the mutants' order, wall seconds, problems).
+    ``explain``: each mutant's failing tests also get their counterexamples, as a student's
+    do, and the outcome lists those that still say nothing of why they fail."""
     stage = generated.stage
     deps = {dep: submission_source(dep) for dep in requires(stage)}
     grader.prepare([stage])
@@ -227,7 +234,10 @@ def grade_stage(
         # grade_stage, not grade: grade() would also re-grade the unmutated earlier stages
         # of every failing mutant, only to add a note naming them
         result = grader.grade_stage(folder, stage)
+        if explain and grader.counterexamples is not None:
+            grader.counterexamples.attach(folder, [result])
         outcome = classify(mutant, result, equivalents, time.monotonic() - t0)
+        outcome.bare = [t.name for t in result.tests if not t.passed and t.explanation is None]
         shutil.rmtree(folder, ignore_errors=True)
         with lock:
             done += 1
@@ -259,6 +269,7 @@ def run(
     grader: Grader | None = None,
     log: Callable[[str], None] | None = None,
     on_stage: Callable[[StageReport], None] | None = None,
+    explain: bool = False,
 ) -> list[StageReport]:
     """Generate and grade the mutants of ``stages`` (those in ``only``, if given);
     ``on_stage`` gets each stage's report as soon as it is done (a long run keeps them)."""
@@ -284,7 +295,14 @@ def run(
                         log(f"{stage}: {done}/{total} graded")
 
                 outcomes, seconds, problems = grade_stage(
-                    grader, generated, mutants, equivalents.get(stage, {}), workers, Path(tmp), progress
+                    grader,
+                    generated,
+                    mutants,
+                    equivalents.get(stage, {}),
+                    workers,
+                    Path(tmp),
+                    progress,
+                    explain=explain,
                 )
                 report = StageReport(
                     generated,
@@ -303,6 +321,10 @@ def run(
                     f"{stage}: {report.count(*KILLS)} killed, {report.count('equivalent')} equivalent, "
                     f"{report.count('survived')} survived: {report.score:.1%} in {seconds:.1f} s"
                 )
+                if explain:
+                    failing = sum(len(o.lost_tests) for o in outcomes)
+                    bare = sum(len(o.bare) for o in outcomes)
+                    log(f"{stage}: {bare} of {failing} failing tests say nothing of why (report: bare)")
     finally:
         torch.set_num_threads(threads)
         if own:

@@ -52,6 +52,10 @@ def _grade_class() -> dict[str, dict]:
                 "stages": [stage_record(s) for s in r.stages],
                 "score": r.score,
                 "gradescope": to_gradescope(r),
+                # why each failing test fails, as its student can read it (None: nothing says)
+                "explanations": [
+                    [t.name, t.hidden, t.explanation] for s in r.stages for t in s.tests if not t.passed
+                ],
             }
     return out
 
@@ -120,6 +124,17 @@ def test_every_failing_test_names_the_mistake(graded, student, stage):
             assert f"likely mistake [{mid}]" in t["output"]
         else:
             assert t["misconceptions"] == []
+
+
+def test_every_failing_test_says_why(graded):
+    """Every failing test ends with a named mistake, a counterexample (a public input that
+    fails too), its own public case, or a reason no input changes (not defined, unfinished,
+    forbidden, hangs): never a bare "2/3 hidden cases passed" (issue 26)."""
+    bare = [
+        (key, name) for key, r in graded.items() for name, hidden, why in r["explanations"] if why is None
+    ]
+    assert not bare, bare
+    assert sum(len(r["explanations"]) for r in graded.values()) > 300
 
 
 def test_correct_students_pass_everything_without_problems(graded):

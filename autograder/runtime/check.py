@@ -153,7 +153,9 @@ def check_case(
     """The verdict on one case. With ``keep``, a failing result also carries a small 2-D
     window of each wrong output's values and the expected ones (``CaseResult.arrays``)."""
     if status != "ok":
-        return CaseResult(label, False, failure_message(exp.name, exp.signature, status, info))
+        failed = CaseResult(label, False, failure_message(exp.name, exp.signature, status, info))
+        failed.status = status
+        return failed
     problems: list[str] = []
     errors: list[float] = []
     worst: tuple[float, str] | None = None  # the largest error of any output compared, and where

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from autograder.runtime.check import Expectation, Item, returned_what
-from autograder.runtime.results import CaseResult, Counterexample
+from autograder.runtime.results import NO_INPUT_CHANGES, CaseResult, Counterexample
 
 WIDTH = 96  # a literal longer than this breaks after each item of its outermost list
 MAX_SHOWN = 256  # numbers of one returned value shown; a larger (wrong) one is described instead
@@ -29,9 +29,7 @@ MAX_SHOWN = 256  # numbers of one returned value shown; a larger (wrong) one is 
 # The statuses of a call on which no input can disagree with the reference: the name is
 # missing, forbidden, unfinished or stopped. A counterexample shows values that differ or an
 # exception that a small input raises, nothing else.
-NOT_A_COUNTEREXAMPLE = frozenset(
-    {"missing", "not_callable", "not_implemented", "forbidden", "untrusted", "timeout", "crashed", "skipped"}
-)
+NOT_A_COUNTEREXAMPLE = NO_INPUT_CHANGES
 
 
 def number(x: Any, dtype: torch.dtype | None = None) -> str:

@@ -71,6 +71,9 @@ class CaseResult:
     # The share of a failing case's points its right outputs earn (``Graded.credit``), set by
     # check_case; likewise no field: the score it makes is what the results keep.
     credit = 0.0
+    # The call's status when it did not return values ("timeout", "missing", "error"...):
+    # what ``TestResult.explanation`` reads. No field either.
+    status = "ok"
 
     @property
     def text(self) -> str:
@@ -123,6 +126,13 @@ def counterexample_text(ce: Counterexample) -> str:
     lines.append(f"what differs: {ce.message}")
     lines += [f"likely mistake [{m}]" for m in ce.misconceptions]
     return "\n".join(lines)
+
+
+# A call's statuses on which no input could make a name right (``runtime.counterexample``
+# says the same of counterexamples): the name is missing, unfinished, forbidden or stopped.
+NO_INPUT_CHANGES = frozenset(
+    {"missing", "not_callable", "not_implemented", "forbidden", "untrusted", "timeout", "crashed", "skipped"}
+)
 
 
 @dataclass
@@ -204,6 +214,29 @@ class TestResult:
         ]
         hints = self.hints
         return lines + [f"likely mistake [{m}]: {hints.get(m, '')}" for m in self.misconceptions]
+
+    @property
+    def explanation(self) -> str | None:
+        """Why a failing test fails, as its student can read it (None: passed, or nothing
+        says why): a named mistake, a counterexample (a public input that fails too), its
+        own failing public case, or a reason no input could change (the file did not load,
+        the name is missing, unfinished, forbidden or hangs). A hidden test that fails with
+        none of them shows a bare "2/3 hidden cases passed": each is a gap in its stage's
+        catalogue of mistakes or in its ladder of small inputs (issue 26)."""
+        if self.passed:
+            return None
+        if self.misconceptions:
+            return "named mistake"
+        if self.counterexample is not None:
+            return "counterexample"
+        if self.headline is not None or not self.ran:
+            return "headline"
+        failing = [c for c in self.cases if not c.passed]
+        if failing and all(c.status in NO_INPUT_CHANGES for c in failing):
+            return f"no input changes it ({', '.join(sorted({c.status for c in failing}))})"
+        if not self.hidden:
+            return "its public case"
+        return None
 
     @property
     def name(self) -> str:
