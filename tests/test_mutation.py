@@ -92,6 +92,9 @@ SAMPLE = {
         "bertlab/TransposeToggle@scaled_dot_product_attention#b07ba579": "killed",
         # softmax(scores) is softmax(scores, dim=-1): the default is the reference's argument
         "bertlab/DropKeywordArgument@scaled_dot_product_attention#a047bc67": "equivalent",
+        # the max of the whole tensor taken out, not each row's: a row far below the others
+        # underflows to 0/0, on large-magnitude hidden cases only (a counterexample must show it)
+        "bertlab/DropKeywordArgument@softmax#d6ac6142": "killed",
     },
     "07_bert_pretraining": {
         # int(x + 0.5) rounds half up, the contract's round() half to even: 30 tokens at 0.15
@@ -111,10 +114,10 @@ KNOWN_HOLES: set[str] = set()
 
 
 @pytest.mark.slow
-def test_sampled_mutants_are_killed_or_equivalent():
+def test_sampled_mutants_are_killed_or_equivalent_and_every_failing_test_says_why():
     # one test, not one per mutant: under xdist each worker would build its own grader
     only = {i for ids in SAMPLE.values() for i in ids}
-    reports = {r.generated.stage: r for r in run(list(SAMPLE), workers=2, only=only)}
+    reports = {r.generated.stage: r for r in run(list(SAMPLE), workers=2, only=only, explain=True)}
     wrong = []
     for stage, mutants in SAMPLE.items():
         report = reports[stage]
@@ -134,6 +137,8 @@ def test_sampled_mutants_are_killed_or_equivalent():
                 )
             elif expected == "killed" and not set(outcome.lost) & set(outcome.mutant.affects):
                 wrong.append(f"{mutant}: killed without losing points on a name it changes")
+            if outcome.bare:  # a failing test with no named mistake and no counterexample
+                wrong.append(f"{mutant}: {outcome.bare} say nothing of why they fail\n{outcome.mutant.diff}")
     assert not wrong, "\n".join(wrong)
 
 
