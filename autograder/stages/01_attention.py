@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 import reference
-from autograder.stages.spec import Case, CaseData, Graded, StageSpec, Test, Variant, randint, randn
+from autograder.stages.spec import Case, CaseData, Dim, Graded, StageSpec, Test, Variant, randint, randn
 
 ref = reference.load("01_attention")
 
@@ -56,6 +56,21 @@ def _label(shape: tuple[int, ...], dim: int | None, scale: float = 1.0) -> str:
     return s + ("" if scale == 1.0 else f", |x|~{scale:g}")
 
 
+def _axis(i: int):
+    """x.size(i), None when x has no axis i."""
+    return lambda c: c.args[0].size(i) if c.args[0].dim() > i else None
+
+
+# x has any shape: each of its axes, and the one the softmax runs along (a softmax over one
+# value is 1, which code that squeezes or indexes that axis can get wrong)
+SOFTMAX_DIMS = (
+    Dim("x.size(0)", _axis(0)),
+    Dim("x.size(1)", _axis(1)),
+    Dim("x.size(2)", _axis(2)),
+    Dim("x.size(dim)", lambda c: c.args[0].size(c.kwargs.get("dim", -1))),
+)
+
+
 def _softmax_cases(specs: list[tuple[tuple[int, ...], int | None, float]]) -> tuple[Case, ...]:
     return tuple(
         Case(_label(shape, dim, scale), _softmax_case(*shape, dim=dim, scale=scale))
@@ -71,6 +86,7 @@ SOFTMAX = Graded(
     outputs=("y",),
     reference=ref.softmax,
     forbidden=SOFTMAX_OPS,
+    dims=SOFTMAX_DIMS,
     tests=(
         Test(
             "float32, vectors and batches",
@@ -83,7 +99,16 @@ SOFTMAX = Graded(
             "float64, the dim argument",
             torch.float64,
             points=1,
-            cases=_softmax_cases([((4, 5, 6), 0, 1.0), ((4, 5, 6), 1, 1.0), ((3, 6), -2, 1.0)]),
+            cases=_softmax_cases(
+                # and size-1 axes: one along dim (every weight is 1), two beside it
+                [
+                    ((4, 5, 6), 0, 1.0),
+                    ((4, 5, 6), 1, 1.0),
+                    ((3, 6), -2, 1.0),
+                    ((1, 3, 1), 1, 1.0),
+                    ((3, 1, 4), 1, 1.0),
+                ]
+            ),
         ),
         Test(
             "float64, large magnitude",
@@ -221,6 +246,22 @@ def _graded_rows(data: CaseData) -> tuple[Tensor | None, Tensor | None]:
     return rows, rows
 
 
+def _lead(i: int):
+    """The i-th of q's leading (batch) axes, None when it has fewer."""
+    return lambda c: c.args[0].size(i) if c.args[0].dim() > i + 2 else None
+
+
+# q (..., Lq, d_k), k (..., Lk, d_k), v (..., Lk, d_v); the leading axes are B, h and a third
+ATTENTION_DIMS = (
+    Dim("B", _lead(0)),
+    Dim("h", _lead(1)),
+    Dim("...[2]", _lead(2)),
+    Dim("L_q", lambda c: c.args[0].size(-2)),
+    Dim("L_k", lambda c: c.args[1].size(-2)),
+    Dim("d_k", lambda c: c.args[0].size(-1)),
+    Dim("d_v", lambda c: c.args[2].size(-1)),
+)
+
 ATTENTION = Graded(
     name="scaled_dot_product_attention",
     clause="01.scaled_dot_product_attention",
@@ -231,6 +272,7 @@ ATTENTION = Graded(
     forbidden=ATTENTION_OPS,
     graded_region=_graded_rows,
     variants=ATTENTION_VARIANTS,
+    dims=ATTENTION_DIMS,
     # one query and two keys (with one key every softmax is 1), d_k = 2 (with 1 a missing
     # scale changes nothing); a padding mask that keeps one key of two; causal over two
     # positions; scores where exp overflows
@@ -261,6 +303,10 @@ ATTENTION = Graded(
             cases=(
                 Case("B=1, L=6, d_k=16", _no_mask((1,), 6, 6, 16, 16)),
                 Case("(2, 2, 3) batch, Lq=3, Lk=9, d_v=2", _no_mask((2, 2, 3), 3, 9, 4, 2)),
+                # size-1 axes: one query, one value feature, a batch axis of 1; then one key
+                # (every weight is 1) with d_k = 1 (where the scale is 1 too)
+                Case("(3, 2, 1) batch, Lq=1, Lk=4, d_k=3, d_v=1", _no_mask((3, 2, 1), 1, 4, 3, 1)),
+                Case("B=2, Lq=3, Lk=1, d_k=1, d_v=3", _no_mask((2,), 3, 1, 1, 3)),
             ),
         ),
         Test(
@@ -326,6 +372,7 @@ PADDING_MASK = Graded(
     outputs=("mask",),
     reference=ref.padding_mask,
     variants=(Variant("mask-inverted", lambda lengths, max_len: ~ref.padding_mask(lengths, max_len)),),
+    dims=(Dim("B", lambda c: c.args[0].size(0)), Dim("max_len", lambda c: c.args[1])),
     small=(
         _lengths([0], 1, 1),
         _lengths([1], 1, 2),
@@ -371,6 +418,7 @@ CAUSAL_MASK = Graded(
     reference=ref.causal_mask,
     check_device=False,  # takes no tensor, so there is no device to follow
     variants=(Variant("mask-inverted", lambda L: ~ref.causal_mask(L)),),
+    dims=(Dim("L", lambda c: c.args[0]),),
     small=(_length(1), _length(2), _length(3)),
     tests=(
         Test(

@@ -9,7 +9,7 @@ from torch import Tensor
 
 import reference
 from autograder.stages import load_spec
-from autograder.stages.spec import Case, CaseData, Graded, StageSpec, Test, Variant, randint, randn
+from autograder.stages.spec import Case, CaseData, Dim, Graded, StageSpec, Test, Variant, randint, randn
 
 ref = reference.load("02_multihead")
 attention = reference.load("01_attention")
@@ -51,6 +51,19 @@ def _heads(b: int, h: int, length: int, d_k: int):
     return build
 
 
+# x (B, L, d_model) and num_heads; d_model = 1 is one head of one feature, allowed
+SPLIT_DIMS = (
+    Dim("B", lambda c: c.args[0].size(0)),
+    Dim("L", lambda c: c.args[0].size(1)),
+    Dim("d_model", lambda c: c.args[0].size(2)),
+    Dim("num_heads", lambda c: c.args[1]),
+    Dim("d_k", lambda c: c.args[0].size(2) // c.args[1]),
+)
+# x (B, h, L, d_k)
+MERGE_DIMS = tuple(
+    Dim(name, lambda c, i=i: c.args[0].size(i)) for i, name in enumerate(("B", "h", "L", "d_k"))
+)
+
 SPLIT_HEADS = Graded(
     name="split_heads",
     clause="02.split_heads",
@@ -59,6 +72,7 @@ SPLIT_HEADS = Graded(
     outputs=("heads",),
     reference=ref.split_heads,
     variants=(Variant("heads-merged-wrong", _split_without_transpose),),
+    dims=SPLIT_DIMS,
     # two positions and two heads: a reshape without the transpose then moves values
     small=(_tokens(1, 2, 2, 2), _tokens(1, 2, 4, 2), _tokens(1, 3, 4, 2), _tokens(2, 2, 2, 1)),
     tests=(
@@ -81,6 +95,7 @@ SPLIT_HEADS = Graded(
                 Case("B=2, L=7, d_model=16, h=4", _tokens(2, 7, 16, 4)),
                 Case("B=1, L=5, d_model=8, h=1", _tokens(1, 5, 8, 1)),
                 Case("B=4, L=2, d_model=64, h=8", _tokens(4, 2, 64, 8)),
+                Case("B=3, L=1, d_model=1, h=1 (one position, one feature)", _tokens(3, 1, 1, 1)),
             ),
         ),
     ),
@@ -97,6 +112,7 @@ MERGE_HEADS = Graded(
         Variant("heads-merged-wrong", _merge_without_transpose),
         Variant("heads-merged-wrong", _merge_transposing_the_wrong_pair),
     ),
+    dims=MERGE_DIMS,
     small=(_heads(1, 2, 2, 1), _heads(1, 2, 2, 2), _heads(1, 2, 3, 1), _heads(2, 1, 2, 2)),
     tests=(
         Test(
@@ -118,6 +134,7 @@ MERGE_HEADS = Graded(
                 Case("(B, h, L, d_k)=(2, 4, 7, 4)", _heads(2, 4, 7, 4)),
                 Case("(B, h, L, d_k)=(1, 1, 5, 8)", _heads(1, 1, 5, 8)),
                 Case("(B, h, L, d_k)=(4, 8, 2, 8)", _heads(4, 8, 2, 8)),
+                Case("(B, h, L, d_k)=(2, 3, 1, 2) (one position)", _heads(2, 3, 1, 2)),
             ),
         ),
     ),
@@ -233,6 +250,17 @@ def _mha(
     return build
 
 
+# query (B, Lq, d_model), key and value (B, Lk, d_model); num_heads and d_model from the
+# constructor. d_model = 1 (one head of one feature) is allowed, and nn.Linear(1, 1) works.
+MHA_DIMS = (
+    Dim("B", lambda c: c.args[0].size(0)),
+    Dim("L_q", lambda c: c.args[0].size(1)),
+    Dim("L_k", lambda c: c.args[1].size(1)),
+    Dim("d_model", lambda c: c.init_args[0]),
+    Dim("num_heads", lambda c: c.init_args[1]),
+    Dim("d_k", lambda c: c.init_args[0] // c.init_args[1]),
+)
+
 MULTI_HEAD_ATTENTION = Graded(
     name="MultiHeadAttention",
     clause="02.MultiHeadAttention",
@@ -244,6 +272,7 @@ MULTI_HEAD_ATTENTION = Graded(
     reference=ref.MultiHeadAttention,
     forbidden=ATTENTION_OPS,
     variants=MHA_VARIANTS,
+    dims=MHA_DIMS,
     # d_model = 2 in two heads of one feature (with one head, split, merge and a single
     # attention are all right), two positions; then cross-attention, the masks, no bias
     small=(
@@ -328,6 +357,9 @@ MULTI_HEAD_ATTENTION = Graded(
             cases=(
                 Case("h=1, B=2, L=5, d_model=8, bias left at its default", _mha(2, 5, None, 8, 1, bias=None)),
                 Case("h=d_model=6, B=2, Lq=4, Lk=3", _mha(2, 4, 3, 6, 6, mask="padding")),
+                # size-1 axes: one query in one feature (one head), then one key
+                Case("h=d_model=1, B=3, Lq=1, Lk=4", _mha(3, 1, 4, 1, 1)),
+                Case("B=1, Lq=3, Lk=1, d_model=4, h=2", _mha(1, 3, 1, 4, 2)),
             ),
         ),
         Test(

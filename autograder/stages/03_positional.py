@@ -8,7 +8,17 @@ import torch
 from torch import Tensor
 
 import reference
-from autograder.stages.spec import Case, CaseData, Graded, StageSpec, Test, Tolerance, Variant, tolerance_for
+from autograder.stages.spec import (
+    Case,
+    CaseData,
+    Dim,
+    Graded,
+    StageSpec,
+    Test,
+    Tolerance,
+    Variant,
+    tolerance_for,
+)
 
 ref = reference.load("03_positional")
 
@@ -173,6 +183,9 @@ def _shift_cases(*sizes: tuple[int, int]) -> tuple[Case, ...]:
     return tuple(Case(f"d_model={d}, k={k}", _ints(d, k)) for d, k in sizes)
 
 
+# The columns come in (sin, cos) pairs: d_model is even (CURRICULUM.md), never 1.
+EVEN = "d_model is even: its columns are (sin, cos) pairs (CURRICULUM.md)"
+
 ENCODING = Graded(
     name="sinusoidal_positional_encoding",
     clause="03.sinusoidal_positional_encoding",
@@ -185,6 +198,7 @@ ENCODING = Graded(
     tolerance=encoding_tolerance,
     check_device=False,  # takes no tensor: the result is on the default device
     variants=ENCODING_VARIANTS,
+    dims=(Dim("max_len", lambda c: c.args[0]), Dim("d_model", lambda c: c.args[1], never_one=EVEN)),
     # one pair (sin and cos swapped), two pairs (their layout), a second position (the
     # frequencies); inputs are sizes only, so these run in the order given
     small=(_ints(1, 2), _ints(1, 4), _ints(2, 4), _ints(3, 6)),
@@ -236,6 +250,7 @@ SHIFT = Graded(
     tolerance=shift_tolerance,
     check_device=False,
     variants=SHIFT_VARIANTS,
+    dims=(Dim("d_model", lambda c: c.args[0], never_one=EVEN),),
     small=(_ints(2, 1), _ints(2, -1), _ints(4, 1), _ints(4, -2), _ints(6, 3)),
     tests=(
         Test(
