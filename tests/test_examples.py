@@ -234,7 +234,7 @@ def test_a_type_error_inside_forward_points_at_the_line_not_the_signature(graded
 def test_a_later_stage_names_the_failing_earlier_stage_it_runs(graded):
     (stage,) = _result(graded, "walt_bert_on_broken_heads", "09_mini_bert")["stages"]
     assert stage["notes"][0].startswith(
-        f"09_mini_bert runs your own 02_multihead (2.83/{max_score('02_multihead'):g}), 06_transformer_block"
+        f"09_mini_bert runs your own 02_multihead (3/{max_score('02_multihead'):g}), 06_transformer_block"
     )
     failing = [t for t in stage["tests"] if t["score"] < t["max_score"]]
     assert failing and all("fix those first" in t["output"] for t in failing)
