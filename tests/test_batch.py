@@ -22,8 +22,8 @@ CLASS = ROOT / "examples" / "class"
 # (example student, its 01_attention score): quick ones, then one that hangs to its limit
 STUDENTS = {
     "ada_correct_matmul": max_score(),
-    "bob_missing_scale": 8,
-    "carol_scale_by_d": 8,
+    "bob_missing_scale": 8.25,
+    "carol_scale_by_d": 8.25,
     "erin_mask_inverted_in_attention": 12,
     "hana_weights_transposed": 8,
     "zz_leo_infinite_loop": 15,

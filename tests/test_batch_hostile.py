@@ -21,8 +21,8 @@ CLASS = ROOT / "examples" / "class"
 # student -> the example whose 01_attention they hand in, and its score
 HONEST = {
     "ada": ("ada_correct_matmul", max_score()),
-    "bob": ("bob_missing_scale", 8),
-    "carol": ("carol_scale_by_d", 8),
+    "bob": ("bob_missing_scale", 8.25),
+    "carol": ("carol_scale_by_d", 8.25),
 }
 
 

@@ -108,7 +108,7 @@ def test_an_earlier_stage_is_blamed_only_when_its_own_file_ran(grader, tmp_path)
         return [n for n in stage.notes if "runs your own" in n] + [b for t in stage.tests for b in t.blame]
 
     notes = blamed(both, ["02_multihead"])
-    assert notes and all("02_multihead runs your own 01_attention (8/17)" in n for n in notes)
+    assert notes and all("02_multihead runs your own 01_attention (8.25/17)" in n for n in notes)
     # a single file handed in is graded as the stage asked for, and is no earlier stage's file
     assert blamed(alone / "02_multihead.py", ["02_multihead"]) == []
     assert blamed(alone, ["02_multihead"]) == []  # no 01 at all
