@@ -13,7 +13,7 @@ import pytest
 from autograder.grader.counterexample import ladder_spec
 from autograder.grader.plan import StagePlan
 from autograder.stages import load_spec
-from tests.support import named_mistakes, verdicts
+from tests.support import call_of, named_mistakes, verdicts
 
 STAGE = "04_word2vec"
 SOFTMAX, NEG, SKIPGRAM = "naive_softmax_loss_and_gradient", "neg_sampling_loss_and_gradient", "skipgram"
@@ -51,8 +51,7 @@ def ladder():
 
 
 def _d(pc, plan) -> int:
-    from tests.support import call_of
-
+    """d, the length of center_vec, in the case ``pc``."""
     _, data = call_of(plan, pc)
     return int(np.asarray(data["args"][0]).shape[0])
 
