@@ -20,6 +20,7 @@ from autograder.stages import load_spec
 from autograder.stages.spec import (
     Case,
     CaseData,
+    Dim,
     Graded,
     StageSpec,
     Test,
@@ -154,6 +155,29 @@ SMALL_MODEL = dict(
 )
 
 
+# The sizes of a configuration, each 1 in some case: a BERT of one word, one feature (its
+# LayerNorms then return their biases), one layer, head, position and token type is
+# degenerate, and allowed.
+def _size(key: str) -> Dim:
+    return Dim(key, lambda c: c.init_kwargs[key])
+
+
+def _batch_dims(ids) -> tuple[Dim, ...]:
+    """B and L of the input ids, ``ids(case data)``."""
+    return (Dim("B", lambda c: ids(c).shape[0]), Dim("L", lambda c: ids(c).shape[1]))
+
+
+ALL_ONE = dict(
+    vocab_size=1,
+    hidden_size=1,
+    num_layers=1,
+    num_heads=1,
+    intermediate_size=1,
+    max_position_embeddings=1,
+    type_vocab_size=1,
+)
+
+
 def _real_positions(mask: Tensor | None) -> tuple[Tensor | None]:
     return (None if mask is None else mask.bool()[..., None],)  # (B, L, 1)
 
@@ -226,9 +250,14 @@ def encode(sentences: tuple[str | tuple[str, str], ...]) -> tuple[Tensor, Tensor
     return out[0], out[1], out[2]
 
 
-def _pretrained_case(sentences):
+def _pretrained_case(sentences, pad: int = 0):
+    """``pad``: that many [PAD] positions more at the end of every row (a row of one sentence
+    padded, as in a batch of longer ones)."""
+
     def build(g, dtype):
-        input_ids, token_type_ids, attention_mask = encode(sentences)
+        input_ids, token_type_ids, attention_mask = (
+            torch.nn.functional.pad(t, (0, pad)) for t in encode(sentences)
+        )
         return CaseData(
             args=(input_ids, token_type_ids, attention_mask),
             kwargs={"dtype": str(dtype).removeprefix("torch.")},
@@ -259,6 +288,7 @@ EMBEDDINGS = Graded(
     reference=ref.BertEmbeddings,
     kind="module",
     variants=(Variant("no-embedding-layernorm", _EmbeddingsWithoutLayerNorm),),
+    dims=(*_batch_dims(lambda c: c.args[0]), *(_size(k) for k in EMBEDDING_KEYS if k != "eps")),
     small=(
         _embeddings_case(1, 1, False, **SMALL_EMBEDDINGS),
         _embeddings_case(1, 2, True, **SMALL_EMBEDDINGS),
@@ -288,6 +318,10 @@ EMBEDDINGS = Graded(
                     "B=1, L=1, eps=1e-3, token types left out",
                     _embeddings_case(1, 1, False, eps=1e-3, omit_none=True),
                 ),
+                Case(
+                    "every size 1 but B=3: one word, feature, position and token type (left None)",
+                    _embeddings_case(3, 1, False, **{k: ALL_ONE[k] for k in EMBEDDING_KEYS if k != "eps"}),
+                ),
             ),
         ),
     ),
@@ -309,6 +343,7 @@ MODEL = Graded(
         Variant("no-embedding-layernorm", _ModelWithoutEmbeddingLayerNorm),
         Variant("attention-mask-ignored", _ModelIgnoringMask),
     ),
+    dims=(*_batch_dims(lambda c: c.args[0]), *(_size(k) for k in ALL_ONE)),
     # one layer of hidden size 3: one head (then three, where a broken split of 02 shows), a
     # padded batch (where a mask that is not passed on shows)
     small=(
@@ -347,6 +382,7 @@ MODEL = Graded(
                         1, 5, False, False, eps=None, constant_token=True, omit_none=True, num_layers=1
                     ),
                 ),
+                Case("every size 1 but B=2", _model_case(2, 1, False, False, **ALL_ONE)),
             ),
         ),
         Test(
@@ -371,6 +407,10 @@ PRETRAINED = Graded(
     forbidden=FORBIDDEN,
     graded_region=lambda data: _real_positions(data.args[2]),
     tolerance=_pretrained_tolerance,
+    dims=(
+        Dim("B", lambda c: c.args[0].shape[0]),
+        Dim("L", lambda c: c.args[0].shape[1], never_one="a sentence holds [CLS] and [SEP]"),
+    ),
     # MiniLM's real weights whatever the input, and each call builds and loads the whole
     # model (~0.3 s): one short padded pair of rows (where a mask left out shows), public
     # words, in each dtype
@@ -406,7 +446,10 @@ PRETRAINED = Graded(
             "float64, hidden sentences and a sentence pair",
             torch.float64,
             points=1,
-            cases=(Case("4 sentences + 1 pair, padded", _pretrained_case((*HIDDEN_SENTENCES, HIDDEN_PAIR))),),
+            cases=(
+                Case("4 sentences + 1 pair, padded", _pretrained_case((*HIDDEN_SENTENCES, HIDDEN_PAIR))),
+                Case("1 sentence, 3 positions of padding", _pretrained_case(HIDDEN_SENTENCES[-1:], pad=3)),
+            ),
         ),
     ),
 )

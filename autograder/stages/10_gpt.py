@@ -12,6 +12,7 @@ the tolerance. Models are tiny: every call takes milliseconds.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -23,6 +24,7 @@ from autograder.stages import load_spec
 from autograder.stages.spec import (
     Case,
     CaseData,
+    Dim,
     Graded,
     StageSpec,
     Test,
@@ -100,6 +102,10 @@ def _values(*shape: int, scale: float):
     return build
 
 
+def _axis(x: Tensor, i: int) -> int | None:
+    return x.shape[i] if x.dim() > i else None
+
+
 def _gelu_cases(specs: list[tuple[tuple[int, ...], float]]) -> tuple[Case, ...]:
     return tuple(
         Case("x" + str(tuple(shape)).replace(" ", "") + f", |x|~{scale:g}", _values(*shape, scale=scale))
@@ -116,8 +122,16 @@ GELU_TANH = Graded(
     reference=ref.gelu_tanh,
     forbidden=GELU_OPS,
     variants=(Variant("gelu-erf-instead-of-tanh", _gelu_erf),),
-    # one value, then a few (tanh's and erf's GELU part in the fourth digit at x = 1)
-    small=(_values(1, scale=1.0), _values(2, scale=1.0), _values(3, scale=2.0)),
+    # elementwise on any shape: each axis of x, up to the four the cases have
+    dims=tuple(Dim(f"x.shape[{i}]", lambda c, i=i: _axis(c.args[0], i)) for i in range(4)),
+    # one value, then a few (tanh's and erf's GELU part in the fourth digit at x = 1), then
+    # two large ones (|x| up to 45: a tanh written with exp overflows there)
+    small=(
+        _values(1, scale=1.0),
+        _values(2, scale=1.0),
+        _values(3, scale=2.0),
+        _values(2, scale=15.0),
+    ),
     tests=(
         Test(
             "float32, vectors and batches",
@@ -143,7 +157,7 @@ GELU_TANH = Graded(
             "float32, wide range",
             torch.float32,
             points=0.5,
-            cases=_gelu_cases([((64,), 6.0), ((8, 16), 1.0)]),
+            cases=_gelu_cases([((64,), 6.0), ((8, 16), 1.0), ((1, 1, 1, 1), 3.0)]),
         ),
     ),
 )
@@ -247,6 +261,15 @@ BLOCK = Graded(
     reference=ref.GPTBlock,
     forbidden=FORBIDDEN,
     variants=tuple(Variant(mid, _block_variant(**knobs)) for mid, knobs in BLOCK_MISTAKES.items()),
+    dims=(
+        Dim("B", lambda c: c.args[0].shape[0]),
+        Dim("T", lambda c: c.args[0].shape[1]),
+        Dim("d_model", lambda c: c.init_args[0]),
+        Dim("num_heads", lambda c: c.init_args[1]),
+        Dim("d_ff", lambda c: c.init_args[2]),
+        Dim("d_k", lambda c: c.init_args[0] // c.init_args[1]),
+        Dim("L_past", lambda c: c.kwargs["past"].shape[3] if "past" in c.kwargs else None),
+    ),
     # d_model = 3 (a LayerNorm over one feature is its bias, over two only a sign), one
     # head; two positions (a mask to apply), then after a cache of one and two positions
     small=(
@@ -300,6 +323,7 @@ BLOCK = Graded(
             cases=(
                 Case("h=1, B=2, T=4 after L_past=5, d_model=8, d_ff=16", _block_case(2, 4, 8, 1, 16, past=5)),
                 Case("h=d_model=6, B=2, T=2 after L_past=9, d_ff=12", _block_case(2, 2, 6, 6, 12, past=9)),
+                Case("d_model=h=d_ff=1, B=2, T=3 after L_past=1", _block_case(2, 3, 1, 1, 1, past=1)),
             ),
         ),
         Test(
@@ -356,6 +380,19 @@ GPT_MISTAKES = (
 )
 
 
+# GPT's sizes, each 1 in a case of every name that builds a GPT of the case's own (a vocabulary
+# of one token, a LayerNorm over one feature: degenerate, and allowed).
+MODEL_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+)
+ALL_ONE = dict.fromkeys(MODEL_SIZES, 1)
+
+
 def _chunked_case(b: int, chunks: list[int], *, eps: float | None = 1e-5, **overrides: int):
     """A random GPT and a sequence of sum(chunks) tokens fed in those chunks."""
 
@@ -381,6 +418,13 @@ MODEL = Graded(
     reference=ref.GPT,
     forbidden=FORBIDDEN,
     variants=tuple(Variant(mid, _gpt_variant(**knobs)) for mid, knobs in GPT_MISTAKES),
+    dims=(
+        Dim("B", lambda c: c.args[0].shape[0]),
+        Dim("L_past + T", lambda c: c.args[0].shape[1]),
+        Dim("T (the shortest chunk)", lambda c: min(c.kwargs["chunks"])),
+        Dim("calls (chunks)", lambda c: len(c.kwargs["chunks"])),
+        *(Dim(k, lambda c, k=k: c.init_kwargs[k]) for k in MODEL_SIZES),
+    ),
     # the smallest GPT: two tokens at once, then one at a time (the cache), then 2 + 1
     small=(
         _chunked_case(1, [2], **SMALL_GPT),
@@ -425,6 +469,7 @@ MODEL = Graded(
                     "1 layer, 1 head, eps=1e-3, B=2, one call",
                     _chunked_case(2, [6], eps=1e-3, num_layers=1, num_heads=1, intermediate_size=24),
                 ),
+                Case("every size 1 but B=2: one token, one call", _chunked_case(2, [1], **ALL_ONE)),
             ),
         ),
         Test(
@@ -476,8 +521,21 @@ LOSS = Graded(
         Variant("labels-not-shifted", _unshifted),
         Variant("labels-not-shifted", _shifted_backwards),
     ),
-    # two positions (one prediction), then a -100 prompt, then labels left out at random
-    small=(_loss_case(1, 2, 2), _loss_case(1, 3, 2, prompt=1), _loss_case(2, 3, 3, ignored=0.5)),
+    dims=(
+        Dim("B", lambda c: c.args[0].shape[0]),
+        Dim("L", lambda c: c.args[0].shape[1], never_one="a pair (t, t + 1) needs two positions"),
+        Dim("V", lambda c: c.args[0].shape[2]),
+    ),
+    # two positions (one prediction), then a -100 prompt, then labels left out at random;
+    # then logits up to |192|, where exp overflows (float32 past 88, float64 past 709 in a
+    # sum of exps) and a softmax underflows to 0 (0 * log 0 = NaN in a one-hot cross-entropy)
+    small=(
+        _loss_case(1, 2, 2),
+        _loss_case(1, 3, 2, prompt=1),
+        _loss_case(2, 3, 3, ignored=0.5),
+        _loss_case(1, 2, 3, scale=64.0),
+        _loss_case(1, 3, 3, scale=64.0),
+    ),
     tests=(
         Test(
             "float32, every label counts",
@@ -504,6 +562,7 @@ LOSS = Graded(
                     "B=2, L=5, V=30, only the last label counts",
                     _loss_case(2, 5, 30, prompt=4),
                 ),
+                Case("B=3, L=3, V=1: one token, a loss of 0", _loss_case(3, 3, 1)),
             ),
         ),
         Test(
@@ -513,6 +572,10 @@ LOSS = Graded(
             cases=(
                 Case(
                     "B=3, L=12, V=100, |logits|~8, 20% -100", _loss_case(3, 12, 100, ignored=0.2, scale=8.0)
+                ),
+                Case(
+                    "B=1, L=7, V=12, |logits|~100 (exp overflows float32: a stable log-softmax)",
+                    _loss_case(1, 7, 12, scale=100.0),
                 ),
             ),
         ),
@@ -528,18 +591,48 @@ EXPORT_OUTPUTS = tuple(
     + f" ({key}{', stacked over the layers' if '*' in key else ''})"
     for key in gpt_driver.GPT2_KEYS
 )
-CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-def _export_untransposed(*which: str):
-    """to_gpt2_state_dict with the Conv1D weights ending in ``which`` left in nn.Linear's
-    (out, in) layout (c_attn: w_q, w_k, w_v stacked as rows, (3d, d))."""
+# c_attn's weight as students build it, from the right one (d, 3d) = [w_q.T | w_k.T | w_v.T]:
+C_ATTN_LAYOUTS = {
+    "right": lambda w: w,
+    # torch.cat([w_q, w_k, w_v]): nn.Linear's layouts stacked as rows, (3d, d)
+    "rows": lambda w: w.T,
+    # torch.cat([w_q, w_k, w_v], dim=1): the right shape, (d, 3d), each block untransposed
+    "blocks": lambda w: torch.cat([b.T for b in w.chunk(3, dim=1)], dim=1),
+    # torch.cat([w_q.T, w_k.T, w_v.T]): each block transposed, stacked as rows, (3d, d)
+    "transposed rows": lambda w: torch.cat(w.chunk(3, dim=1), dim=0),
+}
+OTHER_CONV1D = ("attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def _export_untransposed(c_attn: str, *which: str):
+    """to_gpt2_state_dict with c_attn's weight in one of ``C_ATTN_LAYOUTS`` and the other
+    Conv1D weights ending in ``which`` left in nn.Linear's (out, in) layout."""
 
     def export(model):
         state = ref.to_gpt2_state_dict(model)
-        return {k: v.T if k.endswith(which) and ".h." in k else v for k, v in state.items()}
+        out = {}
+        for k, v in state.items():
+            if ".h." in k and k.endswith("attn.c_attn.weight"):
+                v = C_ATTN_LAYOUTS[c_attn](v)
+            elif ".h." in k and k.endswith(which):
+                v = v.T
+            out[k] = v
+        return out
 
     return export
+
+
+# Every layout of c_attn with every choice of the other three weights transposed or not,
+# the right export aside: the literal form (every nn.Linear weight as it is, c_attn
+# concatenated along dim 1) and every partial one.
+EXPORT_MISTAKES = tuple(
+    (c_attn, tuple(w for w, keep in zip(OTHER_CONV1D, kept, strict=True) if not keep))
+    for c_attn in C_ATTN_LAYOUTS
+    for kept in itertools.product((False, True), repeat=len(OTHER_CONV1D))
+    if not (c_attn == "right" and all(kept))
+)
 
 
 def _export_case(*, eps: float | None = 1e-5, **overrides: int):
@@ -560,10 +653,11 @@ EXPORT = Graded(
     "and Conv1D layouts",
     outputs=EXPORT_OUTPUTS,
     reference=ref.to_gpt2_state_dict,
-    variants=(
-        Variant("conv1d-not-transposed", _export_untransposed(*CONV1D)),
-        *(Variant("conv1d-not-transposed", _export_untransposed(w)) for w in CONV1D),
+    variants=tuple(
+        Variant("conv1d-not-transposed", _export_untransposed(c_attn, *which))
+        for c_attn, which in EXPORT_MISTAKES
     ),
+    dims=tuple(Dim(k, lambda c, k=k: c.init_kwargs[k]) for k in MODEL_SIZES),
     # one layer of hidden size 2 and 3 (every Conv1D weight is then (in, out) of two shapes)
     small=(
         _export_case(**{**SMALL_GPT, "hidden_size": 2}),
@@ -598,6 +692,7 @@ EXPORT = Graded(
                     "3 layers, hidden 6, 6 heads, intermediate 10, eps left out",
                     _export_case(eps=None, num_layers=3, hidden_size=6, num_heads=6, intermediate_size=10),
                 ),
+                Case("every size 1", _export_case(**ALL_ONE)),
             ),
         ),
         Test(
@@ -615,6 +710,18 @@ EXPORT = Graded(
 )
 
 # -- decoding -------------------------------------------------------------------------------------
+
+
+# A decoder may run the model on its last new token ([10.greedy_decode]): a case's GPT holds
+# L + max_new_tokens positions, so its sizes are not all 1 (B, L, max_new_tokens, the layers
+# and heads are).
+DECODER_DIMS = (
+    Dim("B", lambda c: c.args[0].shape[0]),
+    Dim("L", lambda c: c.args[0].shape[1]),
+    Dim("max_new_tokens", lambda c: c.kwargs["max_new_tokens"]),
+    Dim("num_layers", lambda c: c.init_kwargs["num_layers"]),
+    Dim("num_heads", lambda c: c.init_kwargs["num_heads"]),
+)
 
 
 def _decode(model, input_ids: Tensor, max_new_tokens: int, pick, *, cache: bool = True) -> Tensor:
@@ -661,6 +768,7 @@ GREEDY = Graded(
         Variant("no-kv-cache", _greedy_without_cache),
         *(Variant(mid, _gpt_variant(**knobs), replaces="GPT") for mid, knobs in DECODED_MISTAKES),
     ),
+    dims=DECODER_DIMS,
     small=(
         _decoding_case(1, 1, 2, **SMALL_GPT),
         _decoding_case(1, 2, 2, **SMALL_GPT),
@@ -790,7 +898,9 @@ FILTER = Graded(
         Variant("top-p-drops-crossing-token", _top_p_dropping_the_crossing_token(strict=False)),
         Variant("top-p-drops-crossing-token", _top_p_dropping_the_crossing_token(strict=True)),
     ),
-    # one row of 3 or 4 logits, each option alone, then a temperature with top-p
+    dims=(Dim("B", lambda c: c.args[0].shape[0]), Dim("V", lambda c: c.args[0].shape[1])),
+    # one row of 3 or 4 logits, each option alone, then a temperature with top-p; then logits
+    # up to |24| (a softmax without its max subtracted overflows float32 past 88 once tempered)
     small=(
         _filter_case(1, 3, temperature=0.5),
         _filter_case(1, 3, top_k=1),
@@ -798,6 +908,7 @@ FILTER = Graded(
         _filter_case(1, 4, top_p=0.7),
         _filter_case(1, 4, temperature=2.0, top_p=0.6),
         _filter_case(1, 4, temperature=0.5, top_k=2),
+        _filter_case(1, 3, temperature=0.25, top_p=0.9, scale=8.0),
     ),
     tests=(
         Test(
@@ -859,6 +970,14 @@ FILTER = Graded(
                 Case(
                     "temperature=3.0, top_p=0.3, B=4, V=25, |logits|~4",
                     _filter_case(4, 25, temperature=3.0, top_p=0.3, scale=4.0),
+                ),
+                Case(
+                    "one token: B=3, V=1, temperature=0.5, top_k=1, top_p=0.5",
+                    _filter_case(3, 1, temperature=0.5, top_k=1, top_p=0.5),
+                ),
+                Case(
+                    "one row: B=1, V=16, temperature=0.8, top_p=0.9",
+                    _filter_case(1, 16, temperature=0.8, top_p=0.9),
                 ),
             ),
         ),
@@ -948,6 +1067,7 @@ SAMPLE = Graded(
         Variant("no-kv-cache", _sample_variant(cache=False)),
         *(Variant(mid, _gpt_variant(**knobs), replaces="GPT") for mid, knobs in DECODED_MISTAKES),
     ),
+    dims=DECODER_DIMS,
     small=(
         _sampling_case(1, 1, 2, **SMALL_GPT),
         _sampling_case(1, 1, 3, temperature=2.0, **SMALL_GPT),
@@ -991,6 +1111,7 @@ SAMPLE = Graded(
                 ),
                 Case("top_p=0.6, B=4, prompt of 3, 6 new tokens", _sampling_case(4, 3, 6, top_p=0.6)),
                 Case("top_k=1: greedy, B=2, prompt of 4, 4 new tokens", _sampling_case(2, 4, 4, top_k=1)),
+                Case("top_k=5, B=1, prompt of 2, 1 new token", _sampling_case(1, 2, 1, top_k=5)),
             ),
         ),
         Test(

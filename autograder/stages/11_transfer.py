@@ -26,6 +26,7 @@ from autograder.stages import load_spec
 from autograder.stages.spec import (
     Case,
     CaseData,
+    Dim,
     Graded,
     StageSpec,
     Test,
@@ -98,6 +99,32 @@ def _head_case(
 
 def _real_tokens(data: CaseData) -> tuple[Tensor | None]:
     return mini_bert._real_positions(data.kwargs.get("attention_mask"))
+
+
+# -- size dimensions ------------------------------------------------------------------------------
+
+ALL_ONE = mini_bert.ALL_ONE  # every size of a configuration 1
+
+
+def _ids_dims(l_never_one: str | None = None) -> tuple[Dim, ...]:
+    """B and L of the input ids (the first argument)."""
+    return (
+        Dim("B", lambda c: c.args[0].shape[0]),
+        Dim("L", lambda c: c.args[0].shape[1], never_one=l_never_one),
+    )
+
+
+def _config_dims(config) -> tuple[Dim, ...]:
+    """The sizes of the case's configuration, ``config(case data)``."""
+    return tuple(Dim(k, lambda c, k=k: config(c)[k]) for k in ALL_ONE)
+
+
+HEAD_DIMS = (
+    *_ids_dims(),
+    Dim("num_labels", lambda c: c.init_args[1]),
+    *_config_dims(lambda c: c.init_args[0]),
+)
+A_SENTENCE = "a sentence holds [CLS] and [SEP]"
 
 
 # -- known mistakes of the heads ---------------------------------------------------------------------
@@ -306,6 +333,11 @@ def _hand_made_case(*pairs):
     return build
 
 
+def _words(data: CaseData, i: int) -> int | None:
+    sentences = data.kwargs["sentences"]
+    return len(sentences[i][1]) if i < len(sentences) else None
+
+
 def _every_subtoken_labelled(word_ids, word_labels):
     return [-100 if word is None else word_labels[word] for word in word_ids]
 
@@ -333,14 +365,41 @@ def _bert_left_in_eval_mode(model):
     model.bert.eval()
 
 
-def _embeddings_frozen_only(model):
-    model.bert.embeddings.requires_grad_(False)
+def _freezing(which):
+    """A freeze_backbone that freezes only the parameters of ``model.bert`` whose names (in
+    model.bert) ``which(name, parameter, num_layers)`` picks: a part of the backbone."""
+
+    def freeze_backbone(model):
+        layers = len(model.bert.layers)
+        for name, p in model.bert.named_parameters():
+            if which(name, p, layers):
+                p.requires_grad = False
+
+    return freeze_backbone
+
+
+# The backbone frozen in part, as students write it: one part (the embeddings, the layers,
+# the word embeddings), all but a part (the last layer, the embeddings' LayerNorm), or by a
+# test that misses some parameters (matrices only, biases left out).
+PARTIAL_FREEZES = (
+    _freezing(lambda n, p, _: n.startswith("embeddings.")),  # embeddings only
+    _freezing(lambda n, p, _: n.startswith("layers.")),  # layers only: embeddings left trainable
+    _freezing(lambda n, p, _: n.startswith("embeddings.word_embeddings.")),
+    _freezing(lambda n, p, _: not n.startswith("embeddings.LayerNorm.")),
+    _freezing(lambda n, p, layers: not n.startswith(f"layers.{layers - 1}.")),  # fine-tune the last layer
+    _freezing(lambda n, p, _: p.dim() >= 2),  # matrices only: biases and LayerNorms left trainable
+    _freezing(lambda n, p, _: not n.endswith("bias")),  # biases left trainable
+)
 
 
 # -- param_groups and linear_schedule_with_warmup --------------------------------------------------------
 
 PROBE = dict(vocab=30, hidden=8, inner=12, layers=2, classes=3, norm_bias=True)
 SMALL_PROBE = dict(vocab=2, hidden=3, inner=2, layers=1, classes=2)  # counterexamples' (``small``)
+
+
+# The grader's own model has a fixed batch; its blocks are the size the cases vary.
+PROBE_LAYERS = Dim("layers (of the grader's model)", lambda c: c.init_kwargs["model"]["layers"])
 
 
 def _probe_state(g: torch.Generator, dtype: torch.dtype, sizes: dict) -> dict[str, Tensor]:
@@ -438,6 +497,7 @@ POOLER = Graded(
     reference=ref.BertPooler,
     kind="module",
     variants=(Variant("last-token-not-cls", _LastTokenPooler),),
+    dims=(*_ids_dims(), Dim("H", lambda c: c.init_args[0])),
     # two positions (the first token is not the last), then two rows, H = 2
     small=(_pooler_case(1, 2, 2), _pooler_case(2, 2, 2), _pooler_case(2, 3, 3)),
     tests=(
@@ -462,6 +522,7 @@ POOLER = Graded(
             cases=(
                 Case("B=1, L=1, H=4", _pooler_case(1, 1, 4)),
                 Case("B=4, L=9, H=32", _pooler_case(4, 9, 32)),
+                Case("B=3, L=2, H=1", _pooler_case(3, 2, 1)),
             ),
         ),
         Test(
@@ -484,6 +545,7 @@ SEQUENCE = Graded(
     kind="module",
     forbidden=FORBIDDEN,
     variants=LAST_TOKEN,
+    dims=HEAD_DIMS,
     # 09's smallest BERT (hidden size 3, one layer and head): two tokens, then a padded batch
     small=(
         _head_case(ref.BertForSequenceClassification, 1, 2, 2, padded=False, **mini_bert.SMALL_MODEL),
@@ -533,6 +595,12 @@ SEQUENCE = Graded(
                         ref.BertForSequenceClassification, 1, 1, 1, padded=False, eps=None, num_layers=1
                     ),
                 ),
+                Case(
+                    "every size of the configuration 1, B=2, L=1, 3 labels",
+                    _head_case(
+                        ref.BertForSequenceClassification, 2, 1, 3, padded=False, types=False, **ALL_ONE
+                    ),
+                ),
             ),
         ),
         Test(
@@ -560,6 +628,7 @@ TOKEN = Graded(
     kind="module",
     forbidden=FORBIDDEN,
     graded_region=_real_tokens,
+    dims=HEAD_DIMS,
     small=(
         _head_case(ref.BertForTokenClassification, 1, 2, 2, padded=False, **mini_bert.SMALL_MODEL),
         _head_case(ref.BertForTokenClassification, 2, 3, 2, **mini_bert.SMALL_MODEL),
@@ -601,6 +670,10 @@ TOKEN = Graded(
                     "B=1, L=2, 1 layer, 1 label, eps left out",
                     _head_case(ref.BertForTokenClassification, 1, 2, 1, padded=False, eps=None, num_layers=1),
                 ),
+                Case(
+                    "every size of the configuration 1, B=2, L=1, 3 labels",
+                    _head_case(ref.BertForTokenClassification, 2, 1, 3, padded=False, types=False, **ALL_ONE),
+                ),
             ),
         ),
         Test(
@@ -630,6 +703,11 @@ BACKBONE = Graded(
     forbidden=FORBIDDEN,
     graded_region=_pretrained_region,
     tolerance=_real_weights_tolerance,
+    dims=(
+        *_ids_dims(A_SENTENCE),
+        Dim("num_labels", lambda c: c.init_kwargs["num_labels"]),
+        Dim("hidden_size", lambda c: c.init_kwargs["config"]["hidden_size"], never_one="MiniLM's is 384"),
+    ),
     variants=(
         Variant("pooler-not-loaded", _backbone_without_pooler),
         Variant("last-token-not-cls", _LastPositionClassifier, replaces="BertForSequenceClassification"),
@@ -682,6 +760,10 @@ BACKBONE = Graded(
                     "token head, 4 sentences + 1 pair",
                     _pretrained_case("token", (*HIDDEN_SENTENCES, HIDDEN_PAIR), 3),
                 ),
+                Case(
+                    "sequence head, 1 sentence, 1 label",
+                    _pretrained_case("sequence", HIDDEN_SENTENCES[:1], 1),
+                ),
             ),
         ),
     ),
@@ -704,6 +786,11 @@ STATES = Graded(
         Variant("hidden-states-off-by-one", _states_shifted),
         Variant("hidden-states-off-by-one", _states_without_embeddings),
         Variant("hidden-states-off-by-one", _states_before_each_layer),
+    ),
+    dims=(
+        *_ids_dims(),
+        Dim("len(layers)", lambda c: None if c.kwargs.get("layers") is None else len(c.kwargs["layers"])),
+        *_config_dims(lambda c: c.init_kwargs["config"]),
     ),
     # 09's smallest BERT: one layer (two states), then two layers picked by index, padded
     small=(
@@ -742,6 +829,10 @@ STATES = Graded(
                     _states_case(1, 4, None, padded=False, types=False, omit_none=True, num_layers=1),
                 ),
                 Case("B=3, L=6, 3 layers, layers=[-1]", _states_case(3, 6, [-1], num_layers=3)),
+                Case(
+                    "every size of the configuration 1, B=2, L=1, layers=[1, 0]",
+                    _states_case(2, 1, [1, 0], padded=False, types=False, **ALL_ONE),
+                ),
             ),
         ),
         Test(
@@ -769,6 +860,11 @@ ALIGN = Graded(
     kind="driver",
     driver="transfer:aligned",
     variants=(Variant("every-subtoken-labelled", _every_subtoken_labelled),),
+    # the driver calls align_labels once per sentence of a case: W is each one's words
+    dims=(
+        Dim("sentences", lambda c: len(c.kwargs["sentences"])),
+        *(Dim(f"W of sentence {i + 1}", lambda c, i=i: _words(c, i)) for i in range(4)),
+    ),
     # one word of one piece, then of two pieces, then two words
     small=(
         _hand_made_case(([None, 0, None], [2])),
@@ -819,6 +915,15 @@ ALIGN = Graded(
                     ),
                 ),
                 Case(
+                    "four sentences of one word: of 1, 2 and 3 pieces, and after padding",
+                    _hand_made_case(
+                        ([None, 0, None], [4]),
+                        ([None, 0, 0, None], [6]),
+                        ([None, 0, 0, 0, None], [1]),
+                        ([None, 0, None, None, None], [8]),
+                    ),
+                ),
+                Case(
                     "300 words, the last of 2 pieces (word ids past 256: `is` is not `==` there)",
                     _hand_made_case(([None, *range(300), 299, None], [i % 9 for i in range(300)])),
                 ),
@@ -841,7 +946,12 @@ FREEZE = Graded(
     driver="transfer:frozen",
     variants=(
         Variant("backbone-not-frozen", _bert_left_in_eval_mode),
-        Variant("backbone-not-frozen", _embeddings_frozen_only),
+        *(Variant("backbone-not-frozen", freeze) for freeze in PARTIAL_FREEZES),
+    ),
+    dims=(
+        *_ids_dims(),
+        Dim("num_labels", lambda c: c.init_kwargs["num_labels"]),
+        Dim("num_layers", lambda c: c.init_kwargs["config"]["num_layers"]),
     ),
     small=(
         _freeze_case("sequence", 1, 2, 2, False, **mini_bert.SMALL_MODEL),
@@ -865,6 +975,10 @@ FREEZE = Graded(
                     "sequence head, 3 layers, padded",
                     _freeze_case("sequence", 2, 7, 2, padded=True, num_layers=3),
                 ),
+                Case(
+                    "token head, B=1, L=1, 1 label, 1 layer",
+                    _freeze_case("token", 1, 1, 1, False, num_layers=1),
+                ),
             ),
         ),
     ),
@@ -884,6 +998,7 @@ GROUPS = Graded(
         Variant("decay-on-layernorm-or-bias", _by_name),
         Variant("decay-on-layernorm-or-bias", _biases_only),
     ),
+    dims=(PROBE_LAYERS,),
     # a probe model of hidden size 3 and one block, one step, then two
     # at their own (normal) values only: with integers or halves, a parameter's gradient can
     # be 0 up to rounding, and Adam turns that rounding into a whole step of lr (which then
@@ -941,6 +1056,7 @@ SCHEDULE = Graded(
         Variant("warmup-off-by-one", _warmup_from_one),
         Variant("warmup-off-by-one", _one_step_ahead),
     ),
+    dims=(PROBE_LAYERS,),
     # one step of warm-up of two, then none, then past the end
     small=(
         # at their own values only, as param_groups' (Adam amplifies a gradient of rounding)
