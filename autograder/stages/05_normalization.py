@@ -238,7 +238,46 @@ def _gamma_misplaced_variants(dim: int) -> tuple[Variant, ...]:
     )
 
 
-BATCHNORM_BACKWARD_VARIANTS = _unbiased_variants(0) + _gamma_misplaced_variants(0)
+def _eps_variants(dim: int, backward: bool) -> tuple[Variant, ...]:
+    """eps added to the standard deviation, or left out, in the forward pass (LayerNorm's),
+    or in the backward pass of a forward that makes that choice (the compact formula with
+    that forward's x_hat and 1 / (std + eps) or 1 / std). A variant applies to a case only
+    where the mistake shows in x_hat (``_eps_shows``)."""
+
+    def normalised(x: Tensor, eps: float, where: str) -> tuple[Tensor, Tensor]:
+        mean, var = _statistics(x, dim, unbiased=False)
+        tally: dict[str, Any] = {}
+        _eps_shows(tally, x, mean, var, eps, where)
+        if not tally["eps shows"]:
+            raise ValueError("eps does not show in this case")
+        denominator = var.sqrt() + eps if where == "std" else var.sqrt()
+        if torch.isnan((x - mean) / denominator).all():  # one value per row (D = 1): nan names nothing
+            raise ValueError("every value is 0 / 0 in this case")
+        return (x - mean) / denominator, denominator
+
+    def forward(x, gamma, beta, eps, where):
+        return gamma * normalised(x, eps, where)[0] + beta, None
+
+    def gradients(dout, cache, where):
+        x_hat, denominator = normalised(cache.x, cache.eps, where)
+        g = dout * cache.gamma
+        dx = (
+            g - g.mean(dim=dim, keepdim=True) - x_hat * (g * x_hat).mean(dim=dim, keepdim=True)
+        ) / denominator
+        return dx, (dout * x_hat).sum(dim=0), dout.sum(dim=0)
+
+    return tuple(
+        Variant(
+            "eps-outside-sqrt" if where == "std" else "eps-missing",
+            (lambda dout, cache, where=where: gradients(dout, cache, where))
+            if backward
+            else (lambda x, gamma, beta, eps, where=where: forward(x, gamma, beta, eps, where)),
+        )
+        for where in ("std", "none")
+    )
+
+
+BATCHNORM_BACKWARD_VARIANTS = _unbiased_variants(0) + _gamma_misplaced_variants(0) + _eps_variants(0, True)
 
 
 def _layernorm(
@@ -262,6 +301,7 @@ LAYERNORM_VARIANTS = (
         "unbiased-variance-normalize",
         lambda x, gamma, beta, eps: _layernorm(x, gamma, beta, eps, unbiased=True, eps_on_std=True),
     ),
+    *_eps_variants(-1, False),
 )
 
 
@@ -280,6 +320,7 @@ LAYERNORM_BACKWARD_VARIANTS = (
     Variant("layernorm-wrong-axis", _backward_over_batch),
     *_unbiased_variants(-1),
     *_gamma_misplaced_variants(-1),
+    *_eps_variants(-1, True),
 )
 
 # -- cases --------------------------------------------------------------------------------

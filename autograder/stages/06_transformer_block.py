@@ -383,7 +383,9 @@ ENCODER_LAYER = Graded(
                 Case("h=d_model=6, B=2, L=5, d_ff=10, padding mask", _layer(2, 5, 6, 6, 10, mask="padding")),
                 Case("L=1, d_ff=1, B=3, d_model=4, h=2, padding mask", _layer(3, 1, 4, 2, 1, mask="padding")),
                 # a LayerNorm over one feature: each norm's output is its bias
-                Case("h=d_model=1, B=2, L=3, d_ff=4", _layer(2, 3, 1, 1, 4)),
+                Case(
+                    "h=d_model=1 (each norm sees rows of variance 0), B=2, L=3, d_ff=4", _layer(2, 3, 1, 1, 4)
+                ),
             ),
         ),
     ),

@@ -383,14 +383,16 @@ def _mask_case(
 
 
 def _plain_case(shape: tuple[int, int], vocab_size: int, mask_id: int, repeats: int, mlm_probability: float):
-    """Ids in [5, vocab_size), none of them special: every position is a candidate (a batch
-    of single tokens, L = 1, has no room for [CLS] and [SEP])."""
+    """Ids in [5, vocab_size): a batch of single tokens (L = 1) has no room for [CLS] ...
+    [SEP], so every eighth row is a lone special token ([CLS], id 2) and the others are
+    candidates."""
 
     def build(g, dtype):
         ids = randint(g, 5, vocab_size, *shape)
+        ids[::8] = 2
         kwargs = {
             "input_ids": ids,
-            "special_tokens_mask": torch.zeros(shape, dtype=torch.bool),
+            "special_tokens_mask": ids < 5,
             "vocab_size": vocab_size,
             "mask_token_id": mask_id,
             "seed": _seed(g) % 2**62,
@@ -835,7 +837,7 @@ MASK_TOKENS = Graded(
                     _mask_case((1, 256), 50, 4, 300, mlm_probability=0.5),
                 ),
                 Case(
-                    "B=256, L=1, vocab 50, no special token, mlm_probability=0.5, 300 calls",
+                    "B=256, L=1, vocab 50, every eighth row [CLS], mlm_probability=0.5, 300 calls",
                     _plain_case((256, 1), 50, 4, 300, mlm_probability=0.5),
                 ),
             ),
