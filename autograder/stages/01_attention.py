@@ -132,6 +132,9 @@ SOFTMAX = Graded(
         _softmax_case(2, 1),
         _softmax_case(2, 2, dim=0),
         _softmax_case(2, scale=1e3),
+        # rows far apart in magnitude: one max taken out for the whole tensor leaves a row
+        # whose every exp underflows (0 / 0), where each row's own max does not
+        _softmax_case(2, 2, scale=1e3),
     ),
     variants=(
         Variant("unstable-softmax", _unstable_softmax),
@@ -283,6 +286,8 @@ ATTENTION = Graded(
         _causal((1,), 2, 1),
         _padding(1, 1, 3, 2),
         _no_mask((1,), 1, 2, 2, 1, scale=100.0),
+        # two queries whose scores are far apart: each row's softmax needs its own max
+        _no_mask((1,), 2, 2, 2, 1, scale=100.0),
     ),
     tests=(
         Test(
