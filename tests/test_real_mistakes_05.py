@@ -7,12 +7,14 @@ named on several forms of its mistake, and a correct program must be named nothi
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from autograder.grader.plan import StagePlan
 from autograder.stages import load_spec
-from tests.support import named_mistakes
+from tests.support import call_of, named_mistakes
 
 
 @pytest.fixture(scope="module")
@@ -270,3 +272,51 @@ def test_correct_backward_passes_are_named_nothing(plan):
     right = {**ns, "layernorm_forward": layernorm_forward, "layernorm_backward": layernorm_backward}
     assert named_mistakes(plan, right, "layernorm_backward") == (0, set())
     assert named_mistakes(plan, right, "batchnorm_backward") == (0, set())
+
+
+def test_a_batchnorm_right_but_for_its_running_variance_keeps_the_train_outputs_points():
+    """Issue 26: the normalised outputs exactly right, the running variance in another
+    convention (biased), used to cost all 4 points of batchnorm_forward; each case now earns
+    the train outputs' half and running_mean's eighth, and says which outputs are right."""
+    from autograder.grader.score import score_stage
+    from autograder.runtime.harness import run_call
+
+    plan = StagePlan.build(load_spec("05_normalization"), "cpu")
+
+    def biased_running_var(x, gamma, beta, bn_param):
+        """CS231n's form: the running variance averages the biased batch variance."""
+        eps, momentum = bn_param["eps"], bn_param["momentum"]
+        if bn_param["mode"] == "train":
+            mu, var = x.mean(dim=0), x.var(dim=0, unbiased=False)
+            bn_param["running_mean"] = (1 - momentum) * bn_param["running_mean"] + momentum * mu
+            bn_param["running_var"] = (1 - momentum) * bn_param["running_var"] + momentum * var
+        else:
+            mu, var = bn_param["running_mean"], bn_param["running_var"]
+        x_hat = (x - mu) / torch.sqrt(var + eps)
+        return gamma * x_hat + beta, (x, x_hat, mu, var, gamma, eps)
+
+    outcomes = {}
+    for pc in plan.cases:
+        if pc.graded.name != "batchnorm_forward":
+            continue
+        call, data = call_of(plan, pc)
+        status, info, items = run_call(
+            {"batchnorm_forward": biased_running_var},
+            call.name,
+            call.kind,
+            data,
+            call.outputs,
+            (),
+            "cpu",
+            call.driver,
+        )
+        outcomes[pc.index] = type("Outcome", (), {"status": status, "info": info, "outputs": items})()
+    only = dataclasses.replace(plan, cases=[pc for pc in plan.cases if pc.index in outcomes])
+    result = score_stage(only, "05_normalization.py", outcomes, [])
+    assert result.max_score == 4
+    assert result.score == 4 * (0.5 + 1 / 8)
+    for t in result.tests:
+        for c in t.cases:
+            assert not c.passed and "running-var-biased" in c.misconceptions, c.message
+            right = "out of call 1 (train), out of call 2 (train), out of call 3 (train), running_mean after each call"
+            assert f"right: {right}, which earn 62%" in c.message, c.message

@@ -216,7 +216,7 @@ def check_case(
     hinted = {mid: every.get(mid, "") for mid in found}
     share = _credit(exp, right)
     if share:
-        kept = ", ".join(_output_name(o) for o, ok in zip(exp.outputs, right, strict=True) if ok)
+        kept = ", ".join(o for o, ok in zip(exp.outputs, right, strict=True) if ok)
         problems.append(f"right: {kept}, which earn {share:.0%} of this case")
     result = CaseResult(label, False, "; ".join(problems), found, hinted, max_abs, where)
     result.credit = share

@@ -39,7 +39,7 @@ from autograder.runtime.results import CaseResult, Counterexample, counterexampl
 # ``CallSpec.to_json`` writes it, the form the grading child's plan holds. Its ``small``
 # list (the counterexamples' inputs, in the same form) came later without a new format: a
 # self-check that does not know it ignores it, and this one reads data without it.
-FORMAT = 2
+FORMAT = 3
 
 
 @cache
@@ -223,15 +223,17 @@ def _run(
     status, info, items = call.run(namespace, tensors, device)
     i, n_out = call.index, len(call.outputs)
     regions = [tensors.get(f"r{i}.{k}") if case["regions"][k] else None for k in range(n_out)]
-    variants = [
-        (mid, [tensors[f"v{i}.{j}.{k}"] for k in range(n_out)]) for j, mid in enumerate(case["variants"])
+    expected = [tensors[f"e{i}.{k}"] for k in range(n_out)]
+    variants = [  # an output a variant leaves right is stored once, as the expected one
+        (mid, [tensors.get(f"v{i}.{j}.{k}", expected[k]) for k in range(n_out)])
+        for j, mid in enumerate(case["variants"])
     ]
     exp = Expectation(
         name=call.name,
         signature=g["signature"],
         outputs=call.outputs,
         returns=tuple(g["returns"]) if isinstance(g["returns"], list) else g["returns"],
-        values=[tensors[f"e{i}.{k}"] for k in range(n_out)],
+        values=expected,
         regions=regions,
         tolerance=Tolerance(case["rtol"], case["atol"]),
         device=device if case["check_device"] else None,

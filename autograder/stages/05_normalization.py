@@ -467,6 +467,7 @@ STEP_OUTPUTS = (
     "running_mean after each call",
     "running_var after each call",
 )
+STEP_CREDIT = (1 / 6, 1 / 6, 1 / 6, 1 / 4, 1 / 8, 1 / 8)
 
 BATCHNORM_FORWARD = Graded(
     name="batchnorm_forward",
@@ -474,6 +475,10 @@ BATCHNORM_FORWARD = Graded(
     task=1,
     signature="batchnorm_forward(x, gamma, beta, bn_param) -> (out, cache)",
     outputs=STEP_OUTPUTS,
+    # the train outputs, the eval output and each running statistic are right or wrong
+    # apart: a right normalisation keeps its half when the running variance follows
+    # another convention (the eval output, computed from it, is then wrong too)
+    credit=STEP_CREDIT,
     reference=ref.batchnorm_forward,
     kind="driver",
     driver="normalization:batchnorm_train_then_eval",
