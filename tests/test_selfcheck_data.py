@@ -144,8 +144,11 @@ def _changes(data: public.Data) -> dict[str, tuple[public.Data, str]]:
     change("shape", expected, tensors[expected].flatten(), f"{expected}: ")
 
     missing = _copy(data)
-    del missing[0][variant]
-    out["missing tensor"] = (missing, f"{variant}: missing")
+    del missing[0][variant]  # read as the expected output, which the variant's is not
+    out["missing variant output"] = (missing, f"{variant}: ")
+    missing = _copy(data)
+    del missing[0][expected]
+    out["missing tensor"] = (missing, f"{expected}: missing")
     extra = _copy(data)
     extra[0]["hidden"] = tensors[float_input].clone()
     out["extra tensor"] = (extra, "hidden: not expected")
