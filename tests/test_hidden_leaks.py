@@ -414,4 +414,4 @@ def test_public_tests_still_show_their_cases(stage, outputs):
     assert "public" in public["tags"] and "x(7,)" in public["output"]
     hidden = by_name[f"{STAGE} · softmax · float64, the dim argument"]
     assert "hidden" in hidden["tags"]
-    assert hidden["output"].startswith("3/3 hidden cases passed; 1/1 points.")
+    assert hidden["output"].startswith("5/5 hidden cases passed; 1/1 points.")

@@ -280,8 +280,20 @@ def test_a_stage_mistake_made_in_another_dtype_is_named_with_it(stage):
             result = _check(stage, pc, cast)
             if result.misconceptions == [HARD_CODED]:  # fits the reference in float32 too
                 continue
-            assert result.misconceptions[: len(as_is.misconceptions)] == as_is.misconceptions, result.message
             assert result.misconceptions[-1] == HARD_CODED, result.message
+            if result.misconceptions[: len(as_is.misconceptions)] != as_is.misconceptions:
+                # two mistakes of the stage that float32's tolerance cannot tell apart on this
+                # case (eps left out or added to the std, where eps is tiny): the one named
+                # must fit the cast values as well as this one does
+                for other in result.misconceptions[:-1]:
+                    assert any(
+                        m == other
+                        and all(
+                            torch.allclose(c.double(), o.double(), rtol=1e-4, atol=1e-5, equal_nan=True)
+                            for c, o in zip(cast, outs2, strict=True)
+                        )
+                        for m, outs2 in exp.variants
+                    ), result.message
             assert not set(result.misconceptions) & {SWAPPED, WRONG_KIND}, result.message
             named += 1
     has_float64_variants = any(

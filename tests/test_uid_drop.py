@@ -208,7 +208,7 @@ def test_a_job_uid_with_no_capabilities_grades_as_the_full_sandbox(tmp_path):
     weak = {WEAK_ENV: "1"}
     proc = grade(NO_BOX, tmp_path / "results", reveal_python=True, env=weak)
     assert proc.returncode == 0, proc.stderr
-    assert scores(tmp_path / "results") == {"ada_correct_matmul": max_score(STAGE), "carol_scale_by_d": 8}
+    assert scores(tmp_path / "results") == {"ada_correct_matmul": max_score(STAGE), "carol_scale_by_d": 8.25}
     doctor = run([sys.executable, "-m", "autograder", "doctor"], NO_BOX, reveal_python=True, env=weak)
     assert doctor.returncode == 0, doctor.stderr
     assert "degraded: unprivileged uid" in doctor.stdout
@@ -223,7 +223,7 @@ def test_the_job_box_shows_a_job_uid_the_python_installation_and_nothing_else_of
     the Python installation's branch in it, so a job uid with no capability imports."""
     proc = grade(NO_READ_SEARCH, tmp_path / "results")
     assert proc.returncode == 0, proc.stderr
-    assert scores(tmp_path / "results") == {"ada_correct_matmul": max_score(STAGE), "carol_scale_by_d": 8}
+    assert scores(tmp_path / "results") == {"ada_correct_matmul": max_score(STAGE), "carol_scale_by_d": 8.25}
 
 
 @pytest.mark.slow
