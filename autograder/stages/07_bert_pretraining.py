@@ -566,6 +566,8 @@ MLM_PREDICTIONS = Graded(
         _mlm_synthetic(1, 1, n_words=2),
         _mlm_synthetic(2, 1, n_words=2),
         _mlm_synthetic(2, 2, n_words=3, options=(0.5, 20)),
+        # 10 tokens at the default 0.15: 1.5 predictions, 2 (at 0.1, another default, 1)
+        _mlm_synthetic(4, 3, n_words=3),
         # 9 tokens at 0.5: 4.5 predictions of 6 words, which round() takes to 4 and
         # int(x + 0.5) to 5
         _mlm_synthetic(3, 3, n_words=3, options=(0.5, 20)),

@@ -519,6 +519,8 @@ SQUAD = Graded(
             ["cat!", ["cat"]],
             ["Cat", ["cat"]],
             ["cat cat", ["cat"]],
+            # a word repeated on both sides: the overlap counts it twice, a set of words once
+            ["cat cat", ["cat cat sat"]],
             ["a cat sat", ["cat", "the dog sat"]],
         )
     ),
