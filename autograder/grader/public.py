@@ -27,8 +27,8 @@ from autograder.grader.counterexample import Ladder
 from autograder.grader.plan import PlannedCase, StagePlan
 from autograder.grader.runner import encode_inputs
 from autograder.runtime import wire
-from autograder.runtime.check import FLOAT32
-from autograder.runtime.compare import Tolerance, matches, tolerance_for
+from autograder.runtime.check import FLOAT32, at_least
+from autograder.runtime.compare import Tolerance, matches
 from autograder.runtime.harness import CallSpec
 from autograder.runtime.selfcheck import FORMAT
 from autograder.stages.spec import StageSpec
@@ -196,8 +196,7 @@ def differences(have: Data, want: Data) -> list[str]:
             continue
         tol = Tolerance(case["rtol"], case["atol"])
         if m[2] is not None and _variant_id(case, key) == FLOAT32:  # values computed in float32
-            low = tolerance_for(torch.float32, "cpu")
-            tol = Tolerance(max(tol.rtol, low.rtol), max(tol.atol, low.atol))
+            tol = at_least(tol, torch.float32, "cpu")
         region = want_tensors.get(f"r{case['index']}.{m[3]}")
         if not matches(got, expected, tol, region):
             worst = (got.double() - expected.double()).abs().nan_to_num(nan=float("inf")).max().item()

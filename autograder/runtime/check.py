@@ -268,7 +268,7 @@ def _fit(got: Tensor, want: Tensor, tol: Tolerance, region: Tensor | None, devic
     how = "precision" if have == need else "kind"
     if need == "float":
         if have == "float" and torch.finfo(got.dtype).eps > torch.finfo(want.dtype).eps:
-            tol = _at_least(tol, got.dtype, device)
+            tol = at_least(tol, got.dtype, device)
         return how if matches(got.to(want.dtype), want, tol, region) else None
     if have == "float" and not bool(torch.isfinite(got).all()):
         return None  # a float NaN or inf has no integer value
@@ -279,7 +279,7 @@ def _fit(got: Tensor, want: Tensor, tol: Tolerance, region: Tensor | None, devic
     return how
 
 
-def _at_least(tol: Tolerance, dtype: torch.dtype, device: str) -> Tolerance:
+def at_least(tol: Tolerance, dtype: torch.dtype, device: str) -> Tolerance:
     """``tol``, loosened to ``dtype``'s own tolerance where that is looser."""
     lower = tolerance_for(dtype, device)
     return Tolerance(max(tol.rtol, lower.rtol), max(tol.atol, lower.atol))
@@ -362,7 +362,7 @@ def _structural(
         items[i][0] == kinds[i]
         and items[i][1] is not None
         and items[i][1].dtype == exp.values[i].dtype
-        and matches(items[i][1], lower[i], _at_least(exp.tolerance, torch.float32, device), exp.regions[i])
+        and matches(items[i][1], lower[i], at_least(exp.tolerance, torch.float32, device), exp.regions[i])
         for i in range(n)
     ):
         return [FLOAT32], None
