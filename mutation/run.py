@@ -276,7 +276,8 @@ def run(
     equivalents = load_equivalents() if equivalents is None else equivalents
     log = log or (lambda _: None)
     own = grader is None
-    grader = grader or Grader()
+    # counterexamples only where asked: a failing mutant's search costs its grade a child's time
+    grader = grader or Grader(counterexamples=explain)
     reports = []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from autograder.runtime.counterexample import MAX_SHOWN, Pick, literal, tensor_literal
 from autograder.runtime.results import Counterexample, counterexample_text
 from autograder.stages import load_spec
-from autograder.stages.spec import MAX_SMALL_CASES, small_cases
+from autograder.stages.spec import MAX_SMALL_CASES
 from tests.support import CALL_S, DEVICE, ROOT, once_per_session, write_py
 from tests.test_examples import CLASS, EXPECTED, _grade_class
 
@@ -355,13 +355,12 @@ def test_the_search_runs_public_calls_only_and_refuses_hidden_ones(grader):
 
 
 def test_a_hanging_name_costs_one_small_limit(grader):
-    from autograder.grader.counterexample import CALL_S as SMALL_CALL_S
+    from autograder.grader.plan import RUNG_CALL_S
 
     search = grader.counterexamples
-    spec = load_spec("01_attention")
-    limits = search.limits(spec)
-    assert limits.call_s == SMALL_CALL_S < spec.call_timeout_s
-    search.ladder(spec)  # planned once per grader, not timed here
+    plan = grader.plan("01_attention")
+    limits = search.limits(plan)
+    assert limits.call_s == RUNG_CALL_S < plan.spec.call_timeout_s
     t0 = time.monotonic()
     found = search.for_stage(CLASS / "leo_infinite_loop", "01_attention", {"causal_mask"})
     assert found == {} and time.monotonic() - t0 < limits.call_s + 5.0
@@ -375,23 +374,109 @@ def test_a_grader_may_leave_counterexamples_out():
     assert r.score < r.max_score and all(t.counterexample is None for t in r.stages[0].tests)
 
 
-def test_a_search_in_two_children_picks_what_one_child_running_every_input_picks(grader, monkeypatch):
-    """A name's first ``FIRST_RUNGS`` inputs run in a first child, the others only for the
-    names still without a counterexample: dan's softmax first fails on a later input, gus's
-    attention too (his softmax within the first ones). Both found, and the same as when one
-    child runs every input."""
-    from autograder.grader import counterexample as search
+class Forks:
+    """Counts the children a grader's fork server starts, and the calls each child made."""
 
-    names = {"softmax", "scaled_dot_product_attention"}
-    students = ("dan_softmax_ignores_dim", "gus_unstable_softmax")
-    first = search.FIRST_RUNGS
-    two = {s: grader.counterexamples.for_stage(CLASS / s, "01_attention", names) for s in students}
-    monkeypatch.setattr(search, "FIRST_RUNGS", MAX_SMALL_CASES)
-    one = {s: grader.counterexamples.for_stage(CLASS / s, "01_attention", names) for s in students}
-    assert two == one
-    assert two["dan_softmax_ignores_dim"]["softmax"].rank > first
-    assert two["gus_unstable_softmax"]["softmax"].rank <= first
-    assert two["gus_unstable_softmax"]["scaled_dot_product_attention"].rank > first
+    def __init__(self, grader, monkeypatch):
+        from autograder.grader import runner
+
+        self.children = 0
+        self.runs: list[dict] = []
+        real_fork, real_run = grader.server.fork, runner.run_submission
+
+        def fork(*args, **kwargs):
+            self.children += 1
+            return real_fork(*args, **kwargs)
+
+        def run(*args, **kwargs):
+            report = real_run(*args, **kwargs)
+            self.runs.append(report.calls)
+            return report
+
+        monkeypatch.setattr(grader.server, "fork", fork)
+        for module in ("autograder.grader.grade", "autograder.grader.runner"):
+            monkeypatch.setattr(f"{module}.run_submission", run)
+
+
+def test_a_name_that_is_missing_unfinished_or_hangs_starts_no_search_child(grader, monkeypatch, tmp_path):
+    """noah leaves two names unwritten (NotImplementedError), leo's causal_mask never returns,
+    one more student defines no causal_mask at all: no input could make those pass, and
+    their grade is one child (leo's two: the restart after the hang), no search."""
+    sub = write_py(
+        tmp_path / "no_causal",
+        "01_attention",
+        (CLASS / "ada_correct_matmul" / "01_attention.py")
+        .read_text()
+        .replace("def causal_mask(", "def causal_mask_(", 1),
+    )
+    grader.grade(sub, ["01_attention"])  # the grader warm (its start-up check forks too)
+    forks = Forks(grader, monkeypatch)
+    for student, children in ((CLASS / "noah_partial", 1), (CLASS / "leo_infinite_loop", 2), (sub, 1)):
+        before = forks.children
+        r = grader.grade(student, ["01_attention"])
+        failing = [t for t in r.stages[0].tests if not t.passed]
+        assert failing and all(t.explanation.startswith("no input changes it") for t in failing), student
+        assert forks.children - before == children, student
+
+
+def test_a_name_failing_a_public_case_finds_its_counterexample_in_the_grading_child(grader, monkeypatch):
+    """bob's attention fails public cases: its counterexample comes from the grading child
+    (one child, no other), the same one a child of its own finds."""
+    grader.grade(CLASS / "ada_correct_matmul", ["01_attention"])
+    forks = Forks(grader, monkeypatch)
+    r = grader.grade(CLASS / "bob_missing_scale", ["01_attention"])
+    shown = [t.counterexample for t in r.stages[0].tests if t.counterexample]
+    assert shown and all(c == shown[0] for c in shown) and forks.children == 1
+    ce = shown[0]
+    alone = grader.counterexamples.for_stage(CLASS / "bob_missing_scale", "01_attention", {ce.function})
+    assert alone == {ce.function: ce}
+
+
+def test_a_name_failing_hidden_cases_only_is_searched_in_a_child_that_never_held_one(grader, monkeypatch):
+    """dan's softmax passes every public case and fails hidden ones (another dim): its
+    small inputs run in a second child, which is given no hidden input."""
+    grader.grade(CLASS / "ada_correct_matmul", ["01_attention"])
+    forks = Forks(grader, monkeypatch)
+    r = grader.grade(CLASS / "dan_softmax_ignores_dim", ["01_attention"])
+    failing = [t for t in r.stages[0].tests if not t.passed]
+    assert failing and all(t.hidden and t.counterexample for t in failing)
+    assert forks.children == 2
+    grading, search = forks.runs
+    plan = grader.plan("01_attention")
+    hidden = {c.index for c in plan.calls if c.hidden}
+    rungs = {c.index for c in plan.rung_calls}
+    assert hidden <= set(grading) and not set(grading) & rungs  # dan fails no public case
+    assert not set(search) & hidden and set(search) <= rungs
+
+
+def test_small_inputs_run_before_the_hidden_inputs_are_given(grader, monkeypatch):
+    """Every time the grading child asks for a small input, it holds no hidden input yet:
+    the ladder is asked before the hidden calls' outcomes exist, never after."""
+    from autograder.grader import counterexample as search
+    from autograder.grader import runner
+
+    plan = grader.plan("01_attention")
+    hidden = {c.index for c in plan.calls if c.hidden}
+    asked: list[tuple[int, set[int]]] = []  # (which search, the outcomes it was asked with)
+    released: list[int] = []
+    real_next, real_write = search.Search.next, runner._write_hidden
+
+    def next_(self, outcomes):
+        asked.append((id(self), set(outcomes)))
+        return real_next(self, outcomes)
+
+    def write(path, calls, inputs):
+        if path.name == "hidden.bin":
+            released.append(len(asked))
+        return real_write(path, calls, inputs)
+
+    monkeypatch.setattr(search.Search, "next", next_)
+    monkeypatch.setattr(runner, "_write_hidden", write)
+    r = grader.grade(CLASS / "gus_unstable_softmax", ["01_attention"])
+    assert any(t.counterexample for t in r.stages[0].tests)
+    grading = [seen for who, seen in asked if who == asked[0][0]]
+    assert len(grading) > 2 and released == [len(grading)]  # its last answer: the hidden inputs
+    assert all(not seen & hidden for _, seen in asked)
 
 
 SLOW_WRONG_SOFTMAX = """
@@ -399,35 +484,31 @@ import time
 
 
 def softmax(x, dim=-1):
-    time.sleep(0.15)  # long enough for the grader to stop the child between two calls
+    time.sleep(0.15)  # slow: each small input run costs the grade
     return x * 2
 """
 
 
-def test_a_search_child_is_stopped_once_its_names_have_their_answer(grader, monkeypatch, tmp_path):
-    """A softmax wrong on every input: its counterexample is among the first inputs, and the
-    child is stopped there instead of running all of them. It is the one a run of every
-    input picks."""
-    from autograder.grader import counterexample as search
-    from autograder.grader import runner
-
-    monkeypatch.setattr(search, "FIRST_RUNGS", MAX_SMALL_CASES)  # every input in one child
+def test_the_search_stops_once_its_names_have_their_answer(grader, tmp_path):
+    """A softmax wrong on every input: its counterexample is its first input, and no other
+    small input of it runs."""
     sub = write_py(tmp_path / "slow", "01_attention", SLOW_WRONG_SOFTMAX)
-    ran: list[int] = []
-    real = runner.run_submission
+    plan = grader.plan("01_attention")
+    search = grader.counterexamples.search(plan)
+    from autograder.grader.runner import run_submission
+    from autograder.runtime.load import load_source
 
-    def counted(*args, **kwargs):
-        report = real(*args, **kwargs)
-        ran.append(sum(o.status != "skipped" for o in report.calls.values()))
-        return report
-
-    monkeypatch.setattr(runner, "run_submission", counted)
-    stopped = grader.counterexamples.for_stage(sub, "01_attention", {"softmax"})
-    real_public = search.run_public
-    monkeypatch.setattr(search, "run_public", lambda *a, enough, **k: real_public(*a, **k))
-    every = grader.counterexamples.for_stage(sub, "01_attention", {"softmax"})
-    spec = load_spec("01_attention")
-    inputs = len(small_cases(spec, spec.graded_name("softmax")))
-    assert stopped == every and stopped["softmax"].rank <= 2
-    stopped_ran, every_ran = ran[-2:]  # (a grader's first child, its start-up check, may come first)
-    assert every_ran == inputs and stopped_ran <= inputs // 2, (ran, inputs)
+    source = load_source(sub / "01_attention.py", "01_attention")
+    report = run_submission(
+        grader.server,
+        source.cells,
+        source.module_name,
+        plan.calls,
+        plan.inputs_file,
+        "cpu",
+        grader.limits,
+        hidden_inputs=plan.hidden_file,
+        ladder=search,
+    )
+    ran = [i for i in report.calls if i in {c.index for c in plan.rung_calls}]
+    assert search.found()["softmax"].rank == 1 and len(ran) == 1

@@ -3,28 +3,35 @@ the student's code disagrees with the reference, shown with every failing test o
 
 The search never starts from a hidden case and never runs where one has been:
 
-- Its inputs are the name's small inputs (``stages/spec.small_cases``): the stage's own case
-  builders at their smallest sizes, at simple values first, seeded from the name alone and
-  ordered smallest first. They are public by construction; the self-check data ships them
-  with their expected outputs (``grader/public.py``), so a notebook finds the same one.
-- The student's code runs on them in a fresh child that never receives a hidden input
-  (``runner.run_public``: no hidden phase, a new job), so what it returns cannot carry one,
-  whatever the grading run's child saw. That is why a hidden test may show it too
-  (``visibility.for_students``).
-- The reference runs on them here, in the trusted process (``plan.StagePlan`` of a stage
-  whose only cases are the small inputs); the verdict is ``check_case``'s, as for any case.
+- Its inputs are the name's small inputs (``stages/spec.small_cases``; ``StagePlan.rungs``):
+  the stage's own case builders at their smallest sizes, at simple values first, seeded from
+  the name alone and ordered smallest first. They are public by construction; the self-check
+  data ships them with their expected outputs (``grader/public.py``), so a notebook finds the
+  same one. Their expected values and named mistakes' outputs come with the stage's plan
+  (computed at install, ``grader/expected.py``).
+- They run in the grading child itself, after its public calls and before it is given any
+  hidden input (``runner.run_submission``'s ``ladder``): the parent checks the public cases as
+  they come, and a name that fails one (on values, not by being missing, unfinished,
+  forbidden or hanging: ``NO_INPUT_CHANGES``) has its small inputs run, one at a time, as
+  ``Search.next`` says, until its counterexample is settled (``runtime.counterexample.Pick``).
+  What such a child returns then cannot carry a hidden input: it has not received one. That
+  is why a hidden test may show it too (``visibility.for_students``). No second child, no
+  second run of the cells.
+- A name that fails hidden cases only is known to fail once the child holds hidden inputs:
+  its small inputs then run in a fresh child of their own (``Counterexamples.attach``,
+  ``runner.run_public``), one that never receives a hidden input, started once the grading
+  job has ended (its processes gone with its PID namespace). In the example class, 5 of 114
+  failing names (issue 27).
 
 The first input in the ladder's order that fails (other values, another shape or dtype, an
 exception) is the counterexample: since the order is by size, then simplicity, that is the
-shrinking. A name that is missing, forbidden, unfinished or hangs has none
-(``runtime.counterexample.NOT_A_COUNTEREXAMPLE``): no input could make it pass.
+shrinking. Every failing name's first input runs before any name's second, so that a budget
+spent on one slow name still leaves the others theirs.
 
-Budget: at most ``MAX_SMALL_CASES`` calls per failing name, in at most two children per
-stage (each name's first ``FIRST_RUNGS`` inputs, then the others of the names still
-without a counterexample), each stopped once its names have their counterexamples; held to
-a fifth of the stage's call limit per call (at least ``CALL_S``, at most the stage's) and
-``RUN_S`` for the whole search (cells included), on top of the grading run's own limits: a
-hanging name costs one call's limit, then its other inputs are skipped.
+Budget: at most ``MAX_SMALL_CASES`` inputs per failing name, each held to a fifth of the
+stage's call limit (``plan.rung_call_s``), ``RUN_S`` for the whole search; a name whose small
+input hangs or crashes is stopped there (its graded calls are still made: the time the
+search takes is added to the submission's budget, not taken from it).
 """
 
 from __future__ import annotations
@@ -32,21 +39,23 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
-import threading
+import time
 import traceback
 from collections.abc import Collection
-from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
-from autograder.grader.plan import StagePlan
-from autograder.grader.runner import ForkServer, Limits, run_public
+import safetensors.torch
+
+from autograder.grader.plan import PlannedCase, StagePlan, rung_call_s
+from autograder.grader.runner import CallOutcome, ForkServer, Limits, Planned, finish_outcome, run_public
 from autograder.runtime.check import check_case
-from autograder.runtime.counterexample import Pick, counterexample, literal
+from autograder.runtime.counterexample import NOT_A_COUNTEREXAMPLE, Pick, counterexample, literal
 from autograder.runtime.load import LoadError, load_source
-from autograder.runtime.results import Counterexample, StageResult
+from autograder.runtime.results import CaseResult, Counterexample, StageResult, TestResult
 from autograder.runtime.submission import Submission
-from autograder.stages.spec import Case, CaseData, Graded, StageSpec, Test, small_cases
+from autograder.stages.spec import CaseData, Graded
 
 
 class Grader(Protocol):
@@ -61,238 +70,193 @@ class Grader(Protocol):
 
     def plan(self, stage: str) -> StagePlan: ...
 
-    def _parts(self, submission: Submission, path: Path, spec: StageSpec) -> tuple[dict, list[str]]: ...
+    def _parts(self, submission: Submission, path: Path, spec: Any) -> tuple[dict, list[str]]: ...
 
 
-# A small input runs in milliseconds (a 09 call still builds and loads MiniLM, about a
-# second): a call gets a fifth of its stage's limit, at least CALL_S but never more than the
-# grading run's own (a small input is no slower than a graded one), and the whole search of a
-# stage (its cells, then every failing name's small inputs) RUN_S. A name that hangs costs
-# one call's limit.
-CALL_S = 2.0
-RUN_S = 20.0
-WHOLE_AFTER = 3  # sets of failing names of a stage planned on their own (``Counterexamples.ladder``)
+RUN_S = 20.0  # the whole search of one submission's stage
+# a small input that ended so stops its name: a hang or a crash would come again
+_STOPPED = frozenset({"timeout", "crashed", "skipped", "untrusted"})
 
 
-@dataclass(frozen=True)
-class Rung:
-    """One small input of a name: where it is in the order, its size and its code."""
+class Search:
+    """One run's search: the ``runner.Ladder`` that a grading child's parent asks, each time
+    the child is ready for more, which small input it runs next.
 
-    name: str
-    rank: int  # 1-based, smallest first
-    size: int
-    code: str  # Python that makes the call (``Counterexample.code``)
+    Its first ``next`` checks the public cases (their results are kept: ``checked``, which
+    scoring reuses) and picks the names to search: those given, else those failing a public
+    case on its values. Each answer after that first offers the outcome that came in to its
+    name's ``Pick``; the next input is the next one, in the order every name's first input,
+    then every name's second..., of a name not settled yet."""
 
+    def __init__(
+        self,
+        plan: StagePlan,
+        call_s: float | None,
+        names: Collection[str] | None = None,
+        budget_s: float = RUN_S,
+    ) -> None:
+        self.plan = plan
+        self.names = None if names is None else set(names)
+        self.budget_s = budget_s
+        call_s = rung_call_s(plan.spec, call_s)
+        self.calls = [dataclasses.replace(c, call_s=call_s) for c in plan.rung_calls]
+        self._calls = {c.index: c for c in self.calls}
+        self.checked: dict[int, CaseResult] = {}
+        self.picks: dict[str, Pick] = {}
+        self._rungs: dict[str, list[PlannedCase]] = {}  # each searched name's, smallest first
+        self._offered: dict[str, int] = {}  # how many of them were offered to its Pick
+        self._order: list[Planned] | None = None
+        self._at = 0
+        self._since: float | None = None
+        self.spent_s = 0.0
 
-def _fixed(data: CaseData):
-    def build(g: Any, dtype: Any) -> CaseData:
-        return data
+    @property
+    def inputs(self) -> bytes:
+        return self.plan.rung_file
 
-    return build
+    def next(self, outcomes: dict[int, CallOutcome]) -> Planned | None:
+        if self._since is not None:
+            self.spent_s += time.monotonic() - self._since
+            self._since = None
+        if self._order is None:
+            self._start(outcomes)
+        self._offer(outcomes)
+        assert self._order is not None
+        while self._at < len(self._order) and self.spent_s < self.budget_s:
+            call = self._order[self._at]
+            self._at += 1
+            name = call.name
+            if call.index in outcomes or self.picks[name].chosen is not None or self._offered[name] < 0:
+                continue
+            self._since = time.monotonic()
+            return call
+        return None
 
-
-def ladder_spec(
-    spec: StageSpec, names: Collection[str] | None = None
-) -> tuple[StageSpec, dict[tuple[str, str], Rung]]:
-    """``spec`` with each graded name's tests replaced by its small inputs, one public test
-    each, in the order the search tries them (only ``names``', if given: the others get no
-    test); and each one's ``Rung``, by (name, group)."""
-    rungs: dict[tuple[str, str], Rung] = {}
-    graded = []
-    for g in spec.graded:
-        tests = []
-        chosen = names is None or g.name in names
-        for rank, sc in enumerate(small_cases(spec, g) if chosen else (), start=1):
-            tests.append(
-                Test(sc.label, sc.dtype, (Case(sc.label, _fixed(sc.data)),), points=1.0, hidden=False)
-            )
-            rungs[(g.name, sc.label)] = Rung(g.name, rank, sc.size, call_code(g, sc.data))
-        graded.append(dataclasses.replace(g, tests=tuple(tests)))
-    return dataclasses.replace(spec, graded=tuple(graded)), rungs
-
-
-@dataclass
-class Ladder:
-    """A stage's small inputs planned: inputs encoded for the child, expected values, variants."""
-
-    plan: StagePlan
-    rungs: dict[int, Rung]  # by the plan's case index
-
-    @classmethod
-    def build(cls, spec: StageSpec, device: str, names: Collection[str] | None = None) -> Ladder:
-        """``names``: only these names' small inputs (the reference runs on each input here)."""
-        derived, rungs = ladder_spec(spec, names)
-        plan = StagePlan.build(derived, device, hidden=False)
-        return cls(plan, {pc.index: rungs[(pc.graded.name, pc.test.group)] for pc in plan.cases})
-
-
-def search(
-    grader: Grader, ladder: Ladder, source: Any, parts: dict | None, names: set[str], limits: Limits
-) -> dict[str, Counterexample]:
-    """Run ``names``' small inputs on the student's code in a clean child; each name's
-    first failing input, as a ``Counterexample``.
-
-    Every name's first ``FIRST_RUNGS`` inputs run first, every name's first before any
-    name's second: most mistakes fail the smallest ones, and a name whose every input runs
-    (up to ``MAX_SMALL_CASES``, a model built for each of 10's) costs ten times as much. The
-    names left without a counterexample then run their other inputs, name by name, in a
-    second clean child, with what remains of ``limits``' budget; a name that hung or crashed
-    is not run again (its other inputs would be skipped in one child too). Each child is
-    stopped as soon as each of its names has its counterexample. Each name's inputs run
-    smallest first, so the input picked is the one a single child's run of every input
-    would pick. No forbidden-call watch: a name whose graded run called a forbidden function
-    has its headline and no search, and what a small input shows earns nothing."""
-    hints = ladder.plan.spec.misconceptions
-    picks = {name: Pick(hints) for name in names}
-    calls = [dataclasses.replace(c, forbidden=()) for c in ladder.plan.calls if c.name in names]
-    if not calls:
-        return {}
-    rank = {index: rung.rank for index, rung in ladder.rungs.items()}
-    first = sorted((c for c in calls if rank[c.index] <= FIRST_RUNGS), key=lambda c: (rank[c.index], c.index))
-    report = _run_rungs(grader, ladder, source, parts, first, picks, limits)
-    stopped = {c.name for c in first if report.calls[c.index].status in _STOPPED}
-    rest = [
-        c
-        for c in calls
-        if rank[c.index] > FIRST_RUNGS and c.name not in stopped and picks[c.name].chosen is None
-    ]
-    left_s = limits.submission_s - report.wall_s
-    if rest and left_s > 0:
-        budget = dataclasses.replace(limits, cell_s=min(limits.cell_s, left_s), submission_s=left_s)
-        _run_rungs(grader, ladder, source, parts, rest, picks, budget)
-    return {name: pick.result for name, pick in picks.items() if pick.result is not None}
-
-
-# A name's inputs run in a first child (``search``); a limit hit or a crash stops the name.
-FIRST_RUNGS = 4
-_STOPPED = frozenset({"timeout", "crashed", "skipped"})
-
-
-def _run_rungs(
-    grader: Grader,
-    ladder: Ladder,
-    source: Any,
-    parts: dict | None,
-    calls: list,
-    picks: dict[str, Pick],
-    limits: Limits,
-) -> Any:
-    """Run ``calls`` in one public-only child, stopped once each of their names is settled,
-    and offer each name's outcomes, smallest first, to its ``Pick``. Returns the run's report."""
-    offers = _Offers(ladder, calls, picks)
-    report = run_public(
-        grader.server,
-        source.cells,
-        source.module_name,
-        calls,
-        ladder.plan.inputs_file,
-        grader.device,
-        limits,
-        parts,
-        enough=offers.settled,
-    )
-    offers.settled(report.calls)  # what ended after the last look: the last call, a hang, a crash
-    return report
-
-
-class _Offers:
-    """Offers each name's outcomes to its ``Pick``, smallest input first, as they come in."""
-
-    def __init__(self, ladder: Ladder, calls: list, picks: dict[str, Pick]) -> None:
-        self.ladder = ladder
-        self.picks = picks
-        ran = {c.index for c in calls}
-        # each name's cases in this run, smallest first (a name with none here is settled)
-        self.cases: dict[str, list] = {name: [] for name in picks}
-        for pc in ladder.plan.cases:
-            if pc.index in ran and pc.graded.name in self.cases:
-                self.cases[pc.graded.name].append(pc)
-        self.next = dict.fromkeys(picks, 0)  # each name's first case not offered yet
-
-    def settled(self, outcomes: dict[int, Any]) -> bool:
-        """Offer what has come in; True once every name is settled or has no input left."""
-        hints = self.ladder.plan.spec.misconceptions
-        done = True
-        for name, cases in self.cases.items():
-            pick = self.picks[name]
-            while pick.chosen is None and self.next[name] < len(cases):
-                pc = cases[self.next[name]]
-                o = outcomes.get(pc.index)
-                if o is None:
-                    break
-                self.next[name] += 1
+    def _start(self, outcomes: dict[int, CallOutcome]) -> None:
+        hints = self.plan.spec.misconceptions
+        names = self.names
+        if names is None:
+            names = set()
+            public = {c.index: c for c in self.plan.calls if not c.hidden}
+            for pc in self.plan.cases:
+                if pc.index not in public or pc.index not in outcomes:
+                    continue
+                finish_outcome(public[pc.index], outcomes)
+                o = outcomes[pc.index]
+                assert pc.expectation is not None
                 result = check_case(pc.label, o.status, o.info, o.outputs, pc.expectation, hints)
-                rung = self.ladder.rungs[pc.index]
-                pick.offer(
-                    counterexample(
-                        name, rung.code, o.status, o.outputs, pc.expectation, result, rung.rank, rung.size
-                    )
-                )
-            done = done and (pick.chosen is not None or self.next[name] == len(cases))
-        return done
+                self.checked[pc.index] = result
+                if not result.passed and o.status not in NOT_A_COUNTEREXAMPLE:
+                    names.add(pc.graded.name)
+        for pc in self.plan.rungs:
+            if pc.graded.name in names:
+                self._rungs.setdefault(pc.graded.name, []).append(pc)
+        self.picks = {name: Pick(hints) for name in self._rungs}
+        self._offered = dict.fromkeys(self._rungs, 0)
+        rank = {pc.index: pc.rung.rank for rungs in self._rungs.values() for pc in rungs if pc.rung}
+        self._order = sorted((self._calls[i] for i in rank), key=lambda c: (rank[c.index], c.index))
+
+    def _offer(self, outcomes: dict[int, CallOutcome]) -> None:
+        """Offer each name's outcomes that came in, smallest input first; a name whose input
+        hung or crashed is stopped (``_offered`` -1)."""
+        hints = self.plan.spec.misconceptions
+        for name, rungs in self._rungs.items():
+            pick = self.picks[name]
+            while pick.chosen is None and 0 <= self._offered[name] < len(rungs):
+                pc = rungs[self._offered[name]]
+                if pc.index not in outcomes:
+                    break
+                self._offered[name] += 1
+                finish_outcome(self._calls[pc.index], outcomes)
+                o = outcomes[pc.index]
+                if o.status in _STOPPED:
+                    self._offered[name] = -1
+                    break
+                pick.offer(_counterexample(pc, o, hints))
+
+    def found(self) -> dict[str, Counterexample]:
+        return {name: pick.result for name, pick in self.picks.items() if pick.result is not None}
+
+    @cached_property
+    def searched(self) -> frozenset[str]:
+        return frozenset(self._rungs)
+
+    def attach(self, result: StageResult) -> None:
+        """Give every failing test of ``result`` its name's counterexample, where one was found."""
+        found = self.found()
+        for t in result.tests:
+            if not t.passed and t.headline is None and t.counterexample is None and t.function in found:
+                t.counterexample = found[t.function]
+
+
+def _counterexample(pc: PlannedCase, o: CallOutcome, hints: Any) -> Counterexample | None:
+    assert pc.expectation is not None and pc.rung is not None
+    result = check_case(pc.label, o.status, o.info, o.outputs, pc.expectation, hints)
+    if result.passed or o.status in NOT_A_COUNTEREXAMPLE:
+        return None
+    code = call_code(pc.graded, pc.rung.data)
+    return counterexample(
+        pc.graded.name, code, o.status, o.outputs, pc.expectation, result, pc.rung.rank, pc.rung.size
+    )
+
+
+def _searchable(t: TestResult) -> bool:
+    """A failing test some input could show: it failed on values (or an exception), not only
+    by a name missing, unfinished, forbidden or hanging, and no headline says why."""
+    failing = [c for c in t.cases if not c.passed]
+    return (
+        not t.passed
+        and t.headline is None
+        and t.counterexample is None
+        and any(c.status not in NOT_A_COUNTEREXAMPLE for c in failing)
+    )
 
 
 class Counterexamples:
-    """The counterexample search of one ``Grader``: each stage's ladder is planned once, the
-    first time a submission fails it, and shared by every thread of the grader."""
+    """The counterexample search of one ``Grader``: ``search`` makes the one a grading child
+    runs; ``attach`` searches, in a child of its own, for the names that failed hidden
+    cases only (the grading child could not know before it held hidden inputs)."""
 
     def __init__(self, grader: Grader) -> None:
         self.grader = grader
-        # by (stage, the names it holds: None for all)
-        self._ladders: dict[tuple[str, frozenset[str] | None], Ladder] = {}
-        self._lock = threading.Lock()
 
-    def ladder(self, spec: StageSpec, names: Collection[str] | None = None) -> Ladder:
-        """A ladder holding ``names``' small inputs (every name's if None). The reference runs
-        on each of them here, once per grader: a set of names is planned on its own (one
-        student fails a few names, and a name on a real checkpoint costs seconds), until a
-        stage has been asked for ``WHOLE_AFTER`` sets; then all its names at once (a batch's
-        students fail in many ways)."""
-        with self._lock:
-            whole = self._ladders.get((spec.id, None))
-            if whole is not None:
-                return whole
-            key = None if names is None else frozenset(names)
-            if (spec.id, key) not in self._ladders:
-                if sum(stage == spec.id for stage, _ in self._ladders) >= WHOLE_AFTER:
-                    key = None
-                self._ladders[(spec.id, key)] = Ladder.build(spec, self.grader.device, key)
-            return self._ladders[(spec.id, key)]
+    def search(self, plan: StagePlan, names: Collection[str] | None = None) -> Search:
+        return Search(plan, self.grader.limits.call_s, names)
 
-    def limits(self, spec: StageSpec) -> Limits:
+    def limits(self, plan: StagePlan) -> Limits:
         own = self.grader.limits
-        stage_call_s = own.call_s or spec.call_timeout_s
         return Limits(
-            call_s=min(stage_call_s, max(CALL_S, stage_call_s / 5)),
+            call_s=rung_call_s(plan.spec, own.call_s),
             cell_s=min(own.cell_s, RUN_S),
             submission_s=min(own.submission_s, RUN_S),
         )
 
     def attach(self, submission: Path, results: list[StageResult]) -> None:
-        """Give every failing test of ``results`` its name's counterexample, where one is found."""
+        """Give each failing test of ``results`` that has no counterexample yet, of a name
+        that failed no public case (those were searched in the grading child), its name's."""
         for result in results:
-            failing = {
-                t.function
-                for t in result.tests
-                if not t.passed and t.headline is None and t.counterexample is None
-            }
-            if result.file is None or result.grader_fault or not failing:
+            if result.file is None or result.grader_fault:
+                continue
+            failing_public = {t.function for t in result.tests if not t.hidden and _searchable(t)}
+            names = {t.function for t in result.tests if _searchable(t)} - failing_public
+            if not names:
                 continue
             try:
-                found = self.for_stage(submission, result.stage, failing)
+                found = self.for_stage(submission, result.stage, names)
             except Exception:  # the grade stands without its counterexamples; this is our bug
                 traceback.print_exc(file=sys.stderr)
                 continue
             for t in result.tests:
-                if not t.passed and t.function in found:
+                if _searchable(t) and t.function in found:
                     t.counterexample = found[t.function]
 
     def for_stage(self, submission: Path, stage: str, names: set[str]) -> dict[str, Counterexample]:
-        spec = self.grader.plan(stage).spec
-        names = {g.name for g in spec.graded if g.name in names and g.small}
+        """``names``' counterexamples, searched in a fresh child that is never given a hidden
+        input (its only calls are small inputs)."""
+        plan = self.grader.plan(stage)
+        names = {pc.graded.name for pc in plan.rungs if pc.graded.name in names}
         if not names:
             return {}
-        ladder = self.ladder(spec, names)
         handed_in = Submission(submission)
         try:
             path = handed_in.file(stage)
@@ -301,8 +265,20 @@ class Counterexamples:
             source = load_source(path, stage)
         except LoadError:
             return {}
-        parts, _ = self.grader._parts(handed_in, path, spec)
-        return search(self.grader, ladder, source, parts, names, self.limits(spec))
+        parts, _ = self.grader._parts(handed_in, path, plan.spec)
+        search = self.search(plan, names)
+        run_public(
+            self.grader.server,
+            source.cells,
+            source.module_name,
+            [],
+            safetensors.torch.save({}),
+            self.grader.device,
+            self.limits(plan),
+            parts,
+            ladder=search,
+        )
+        return search.found()
 
 
 # -- the code of a call --------------------------------------------------------------------------

@@ -56,7 +56,10 @@ from autograder.stages import load_spec, requires, spec_path, stage_ids
 from autograder.stages.spec import StageSpec
 
 PROJECT = Path(__file__).resolve().parents[2]
-FORMAT = "1"
+FORMAT = "2"  # 2: the small inputs' values, and the named mistakes' outputs
+# A case's named mistakes' outputs are stored unless they hold more than this: 03's tables
+# (69 MB in all, computed in 0.15 s) are computed when a failing submission first needs them.
+VARIANTS_MAX_BYTES = 2 << 20
 DIR_ENV = "BERTLAB_EXPECTED_DIR"  # another store; empty: none (every value computed)
 DEFAULT_DIR = PROJECT / "expected"
 # What the values depend on besides a stage's own folder: the reference, the runtime that
@@ -131,9 +134,15 @@ def inputs_digest(plan: StagePlan) -> str:
     """Every call as the child receives it (names, skeletons, non-tensor arguments) and every
     input tensor: what the reference was run on."""
     h = hashlib.sha256(json.dumps([c.to_json() for c in plan.calls], sort_keys=True).encode())
+    h.update(json.dumps([c.to_json() for c in plan.rung_calls], sort_keys=True).encode())
     h.update(plan.inputs_file)
     h.update(plan.hidden_file)
+    h.update(plan.rung_file)
     return h.hexdigest()
+
+
+def _all_cases(plan: StagePlan) -> list:
+    return [*plan.cases, *plan.rungs]
 
 
 def path_for(directory: Path, stage: str) -> Path:
@@ -147,16 +156,25 @@ def save(plan: StagePlan, directory: Path) -> Path:
     if k is None:
         raise ValueError(f"expected values are stored for the CPU only, not {plan.device}")
     tensors: dict[str, Tensor] = {}
-    for pc in plan.cases:
+    variants: dict[str, list[str]] = {}
+    for pc in _all_cases(plan):
         assert pc.expectation is not None
         for j, value in enumerate(pc.expectation.values):
-            tensors[f"{pc.index}.{j}"] = value.detach().cpu().contiguous().clone()  # no shared storage
+            tensors[f"{pc.index}.{j}"] = _own(value)
+        mistakes = list(pc.expectation.variants)
+        if sum(v.nbytes for _, outs in mistakes for v in outs) > VARIANTS_MAX_BYTES:
+            continue
+        variants[str(pc.index)] = [m for m, _ in mistakes]
+        for k, (_, outs) in enumerate(mistakes):
+            for j, value in enumerate(outs):
+                tensors[f"{pc.index}.v{k}.{j}"] = _own(value)
     meta = {
         "format": FORMAT,
         "stage": plan.spec.id,
         "key": k,
         "inputs": inputs_digest(plan),
-        "outputs": [len(pc.expectation.values) for pc in plan.cases if pc.expectation],
+        "outputs": [len(pc.expectation.values) for pc in _all_cases(plan) if pc.expectation],
+        "variants": variants,
     }
     directory.mkdir(parents=True, exist_ok=True)
     target = path_for(directory, plan.spec.id)
@@ -168,9 +186,18 @@ def save(plan: StagePlan, directory: Path) -> Path:
     return target
 
 
-def _stored(spec: StageSpec, wanted: str, directory: Path) -> tuple[dict[int, list[Tensor]], dict] | str:
-    """The file's values by case index and its metadata, or why they cannot be used (its key
-    is not ``wanted``, this checkout's)."""
+def _own(value: Tensor) -> Tensor:
+    return value.detach().cpu().contiguous().clone()  # no shared storage
+
+
+Variants = dict[int, list[tuple[str, list[Tensor]]]]
+
+
+def _stored(
+    spec: StageSpec, wanted: str, directory: Path
+) -> tuple[dict[int, list[Tensor]], Variants, dict] | str:
+    """The file's values and named mistakes' outputs by case index and its metadata, or why
+    they cannot be used (its key is not ``wanted``, this checkout's)."""
     path = path_for(directory, spec.id)
     if not path.is_file():
         return f"no {path}"
@@ -183,9 +210,16 @@ def _stored(spec: StageSpec, wanted: str, directory: Path) -> tuple[dict[int, li
                 return f"{path} was computed from other code, libraries or machine"
             counts = meta["outputs"]
             values = {i: [f.get_tensor(f"{i}.{j}") for j in range(n)] for i, n in enumerate(counts)}
+            variants = {
+                int(i): [
+                    (m, [f.get_tensor(f"{i}.v{k}.{j}") for j in range(counts[int(i)])])
+                    for k, m in enumerate(ids)
+                ]
+                for i, ids in meta["variants"].items()
+            }
     except Exception as exc:  # a damaged file (safetensors raises its own errors) is not used
         return f"{path} cannot be read ({type(exc).__name__}: {str(exc)[:200]})"
-    return values, meta
+    return values, variants, meta
 
 
 def plan(spec: StageSpec, device: str, directory: Path | None) -> tuple[StagePlan, str | None]:
@@ -197,14 +231,22 @@ def plan(spec: StageSpec, device: str, directory: Path | None) -> tuple[StagePla
     found = _stored(spec, wanted, directory)
     if isinstance(found, str):
         return StagePlan.build(spec, device), found
-    values, meta = found
-    n_cases = sum(len(t.cases) for g in spec.graded for t in g.tests)
-    if len(values) != n_cases:
-        return StagePlan.build(spec, device), f"{spec.id}: the store holds {len(values)} cases, not {n_cases}"
-    stored = StagePlan.build(spec, device, stored=values)
+    values, variants, meta = found
+    try:
+        stored = StagePlan.build(spec, device, stored=values, stored_variants=variants)
+    except KeyError:
+        stored = None
+    if stored is None or len(_all_cases(stored)) != len(values):
+        why = f"{spec.id}: the store holds {len(values)} cases, not this spec's"
+        return StagePlan.build(spec, device), why
     if inputs_digest(stored) != meta.get("inputs"):
         return StagePlan.build(spec, device), f"{spec.id}: the stored values were computed from other inputs"
-    if any(len(pc.expectation.values) != len(pc.graded.outputs) for pc in stored.cases if pc.expectation):
+    if any(
+        len(pc.expectation.values) != len(pc.graded.outputs)
+        or any(len(outs) != len(pc.graded.outputs) for _, outs in variants.get(pc.index, ()))
+        for pc in _all_cases(stored)
+        if pc.expectation
+    ):
         return StagePlan.build(spec, device), f"{spec.id}: the store holds other outputs than the spec names"
     return stored, None
 
@@ -213,9 +255,16 @@ def differences(stored: StagePlan, computed: StagePlan) -> str | None:
     """Where ``stored``'s expected values are not, bit for bit, ``computed``'s (the same
     stage's plan, its reference run on this machine); None where they all are."""
     n, differ, largest = 0, 0, 0.0
-    for a, b in zip(stored.cases, computed.cases, strict=True):
+    for a, b in zip(_all_cases(stored), _all_cases(computed), strict=True):
         assert a.expectation is not None and b.expectation is not None
-        for x, y in zip(a.expectation.values, b.expectation.values, strict=True):
+        pairs = list(zip(a.expectation.values, b.expectation.values, strict=True))
+        if a.expectation.variants.computed:  # stored (else both are this machine's, when needed)
+            ours, theirs = list(a.expectation.variants), list(b.expectation.variants)
+            if [m for m, _ in ours] != [m for m, _ in theirs]:
+                differ, largest = differ + 1, float("inf")
+                continue
+            pairs += [p for (_, x), (_, y) in zip(ours, theirs, strict=True) for p in zip(x, y, strict=True)]
+        for x, y in pairs:
             n += 1
             if x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y):
                 continue

@@ -51,8 +51,10 @@ class Grader:
     ) -> None:
         """``keep_arrays``: failing cases keep small 2-D windows of the student's and the
         expected values (``CaseResult.arrays``, for the HTML feedback's pictures).
-        ``counterexamples``: ``grade`` gives each failing test its name's smallest failing
-        public input (``grader/counterexample.py``; one more child per failing stage).
+        ``counterexamples``: each failing test gets its name's smallest failing public input
+        (``grader/counterexample.py``: searched in the grading child, before it is given any
+        hidden input; ``grade`` searches a name that failed hidden cases only in a child of
+        its own).
         ``server``: a fork server ``launch()``ed before this process imported torch.
         ``expected_dir``: expected values computed ahead (``grader/expected.py``; "auto":
         the store beside the code, or ``$BERTLAB_EXPECTED_DIR``; None: compute them all)."""
@@ -191,6 +193,7 @@ class Grader:
         code = [text for _, text in source.cells] + [text for cells in parts.values() for _, text in cells]
         plots = {"matplotlib"} if any(PLOTS.search(text) for text in code) else set()
         self.server.warm(_driver_extras(plan.spec) | plots)
+        search = self.counterexamples.search(plan) if self.counterexamples is not None else None
         report = run_submission(
             self.server,
             source.cells,
@@ -201,8 +204,9 @@ class Grader:
             spec_limits,
             parts,
             hidden_inputs=plan.hidden_file,
+            ladder=search,
         )
-        return score_stage(
+        result = score_stage(
             plan,
             shown,
             report.calls,
@@ -212,7 +216,11 @@ class Grader:
             keep_arrays=self.keep_arrays,
             private_notes=cell_notes(source, report.private_cell_errors, report.private_notes),
             private_stdout=report.private_stdout,
+            checked=search.checked if search is not None and not self.keep_arrays else None,
         )
+        if search is not None:
+            search.attach(result)
+        return result
 
     def _parts(
         self, submission: Submission, path: Path, spec: StageSpec

@@ -28,7 +28,7 @@ from autograder.runtime.check import FLOAT32, Expectation
 from autograder.runtime.compare import tolerance_for
 from autograder.runtime.harness import invoke, split_outputs
 from autograder.stages import load_spec
-from autograder.stages.spec import CaseData, Graded, StageSpec, Test, build_case
+from autograder.stages.spec import Case, CaseData, Graded, StageSpec, Test, build_case, small_cases
 
 
 def _data_dict(data: CaseData) -> dict[str, Any]:
@@ -128,12 +128,26 @@ class LazyVariants(Sequence[tuple[str, list[Tensor]]]):
     in float32, cast back to float64, for ``check_case`` to name float32 intermediates."""
 
     def __init__(
-        self, graded: Graded, data: CaseData, device: str, spec: StageSpec, lower: bool = False
+        self,
+        graded: Graded,
+        data: CaseData,
+        device: str,
+        spec: StageSpec,
+        lower: bool = False,
+        stored: Sequence[tuple[str, list[Tensor]]] | None = None,
     ) -> None:
+        """``stored``: the outputs computed at install (``grader/expected.py``): none is run."""
         self._case: tuple[Graded, CaseData, str, StageSpec] | None = (graded, data, device, spec)
         self._lower = lower
         self._outputs: tuple[tuple[str, list[Tensor]], ...] = ()
+        if stored is not None:
+            self._outputs, self._case = tuple((m, list(o)) for m, o in stored), None
         self._lock = threading.Lock()  # batch workers are threads sharing one plan
+
+    @property
+    def computed(self) -> bool:
+        """Whether the outputs are in hand (stored, or computed already)."""
+        return self._case is None
 
     def _computed(self) -> tuple[tuple[str, list[Tensor]], ...]:
         if self._case is None:
@@ -177,6 +191,16 @@ class LazyVariants(Sequence[tuple[str, list[Tensor]]]):
         return self._computed()[i]
 
 
+@dataclass(frozen=True, eq=False)
+class Rung:
+    """A small input's place among its name's (``spec.small_cases``): 1-based rank, smallest
+    first, its size, and its data (what ``counterexample.call_code`` writes as the call)."""
+
+    rank: int
+    size: int
+    data: CaseData
+
+
 @dataclass
 class PlannedCase:
     index: int
@@ -184,6 +208,35 @@ class PlannedCase:
     test: Test
     label: str
     expectation: Expectation | None  # None in an outline (``StagePlan.outline``)
+    rung: Rung | None = None  # a small input (``StagePlan.rungs``), not a graded case
+
+
+def _fixed(data: CaseData):
+    def build(g: Any, dtype: Any) -> CaseData:
+        return data
+
+    return build
+
+
+def small_tests(spec: StageSpec, graded: Graded) -> list[tuple[Test, Rung]]:
+    """``graded``'s small inputs, smallest first, each as a public test of one case."""
+    out = []
+    for rank, sc in enumerate(small_cases(spec, graded) if graded.small else (), start=1):
+        test = Test(sc.label, sc.dtype, (Case(sc.label, _fixed(sc.data)),), points=1.0, hidden=False)
+        out.append((test, Rung(rank, sc.size, sc.data)))
+    return out
+
+
+# A small input runs in milliseconds (a 09 call still builds and loads MiniLM, about a
+# second): a call gets a fifth of its stage's limit, at least RUNG_CALL_S but never more than
+# the grading run's own (a small input is no slower than a graded one).
+RUNG_CALL_S = 2.0
+
+
+def rung_call_s(spec: StageSpec, call_s: float | None) -> float:
+    """The time limit of one small input's call, given the grading run's (None: the spec's)."""
+    stage_call_s = call_s or spec.call_timeout_s
+    return min(stage_call_s, max(RUNG_CALL_S, stage_call_s / 5))
 
 
 @dataclass
@@ -194,6 +247,12 @@ class StagePlan:
     calls: list[Planned]  # public calls first, then hidden ones (each group in spec order)
     inputs: dict[str, Tensor]  # the public calls' inputs
     hidden_inputs: dict[str, Tensor] = field(default_factory=dict)
+    # Every graded name's small inputs (``spec.small_cases``), numbered after the graded
+    # cases: public, never scored, run only to find a failing name's counterexample
+    # (``grader/counterexample.py``), unwatched (no forbidden calls: they earn nothing).
+    rungs: list[PlannedCase] = field(default_factory=list)
+    rung_calls: list[Planned] = field(default_factory=list)
+    rung_inputs: dict[str, Tensor] = field(default_factory=dict)
 
     @cached_property
     def inputs_file(self) -> bytes:
@@ -204,6 +263,11 @@ class StagePlan:
     def hidden_file(self) -> bytes:
         """The hidden inputs, likewise: a child receives them after its public calls."""
         return safetensors.torch.save(self.hidden_inputs)
+
+    @cached_property
+    def rung_file(self) -> bytes:
+        """The small inputs' tensors, likewise (a failing submission's child reads them)."""
+        return safetensors.torch.save(self.rung_inputs)
 
     @classmethod
     def outline(cls, spec: StageSpec, device: str) -> StagePlan:
@@ -225,67 +289,84 @@ class StagePlan:
         device: str,
         hidden: bool = True,
         stored: Mapping[int, Sequence[Tensor]] | None = None,
+        stored_variants: Mapping[int, Sequence[tuple[str, list[Tensor]]]] | None = None,
+        small: bool = True,
     ) -> StagePlan:
         """Cases of ``spec`` (public only unless ``hidden``) with their expected outputs:
         the reference's, run now, or ``stored[case index]`` (``grader/expected.py``, which
-        checks that they were computed from these very inputs)."""
+        checks that they were computed from these very inputs), and likewise the named
+        mistakes' outputs (``stored_variants``; a case without any computes them when first
+        needed). ``small``: the graded names' small inputs too (``rungs``)."""
         cases, items = [], []
         index = 0
+
+        def planned(graded: Graded, test: Test, case: Case, data: CaseData, rung: Rung | None) -> PlannedCase:
+            expected = (
+                list(stored[index])
+                if stored is not None
+                else run_trusted(graded.reference, graded, data, device, spec)
+            )
+            # float32 intermediates show only in float outputs (tokens, masks: none)
+            lower = test.dtype == torch.float64 and any(v.is_floating_point() for v in expected)
+            kept = None if stored_variants is None else stored_variants.get(index)
+            variants = LazyVariants(graded, data, device, spec, lower=lower, stored=kept)
+            regions = graded.graded_region(data) if graded.graded_region else (None,) * len(graded.outputs)
+            has_tensor = any(isinstance(a, Tensor) for a in (*data.args, *data.kwargs.values()))
+            expectation = Expectation(
+                name=graded.name,
+                signature=graded.signature,
+                outputs=graded.outputs,
+                returns=graded.returns_per_output(),
+                values=expected,
+                regions=[None if r is None else r.cpu() for r in regions],
+                tolerance=(
+                    graded.tolerance(data, test.dtype, device)
+                    if graded.tolerance
+                    else tolerance_for(test.dtype, device)
+                ),
+                device=device if graded.check_device and has_tensor else None,
+                variants=variants,
+                credit=graded.credit,
+            )
+            return PlannedCase(index, graded, test, case.label, expectation, rung)
+
         for graded in spec.graded:
             for test in graded.tests:
                 if test.hidden and not hidden:
                     continue
                 for case in test.cases:
                     data = build_case(spec, graded, test, case)
-                    expected = (
-                        list(stored[index])
-                        if stored is not None
-                        else run_trusted(graded.reference, graded, data, device, spec)
-                    )
-                    # float32 intermediates show only in float outputs (tokens, masks: none)
-                    lower = test.dtype == torch.float64 and any(v.is_floating_point() for v in expected)
-                    variants = LazyVariants(graded, data, device, spec, lower=lower)
-                    regions = (
-                        graded.graded_region(data) if graded.graded_region else (None,) * len(graded.outputs)
-                    )
-                    has_tensor = any(isinstance(a, Tensor) for a in (*data.args, *data.kwargs.values()))
-                    expectation = Expectation(
-                        name=graded.name,
-                        signature=graded.signature,
-                        outputs=graded.outputs,
-                        returns=graded.returns_per_output(),
-                        values=expected,
-                        regions=[None if r is None else r.cpu() for r in regions],
-                        tolerance=(
-                            graded.tolerance(data, test.dtype, device)
-                            if graded.tolerance
-                            else tolerance_for(test.dtype, device)
-                        ),
-                        device=device if graded.check_device and has_tensor else None,
-                        variants=variants,
-                        credit=graded.credit,
-                    )
-                    cases.append(PlannedCase(index, graded, test, case.label, expectation))
+                    cases.append(planned(graded, test, case, data, None))
                     items.append((index, _data_dict(data), test.hidden))
                     index += 1
-        # the two kinds of input travel apart: a child gets the hidden ones only after it
-        # has answered every public case (runner.run_submission)
-        skeletons, inputs = encode_inputs([(i, d) for i, d, h in items if not h])
+        rungs = []
+        for graded in spec.graded if small else ():
+            for test, rung in small_tests(spec, graded):
+                rungs.append(planned(graded, test, test.cases[0], rung.data, rung))
+                items.append((index, _data_dict(rung.data), None))
+                index += 1
+        # the kinds of input travel apart: a child gets the hidden ones only after it has
+        # answered every public case (runner.run_submission), the small ones only if asked
+        skeletons, inputs = encode_inputs([(i, d) for i, d, h in items if h is False])
         hidden_skeletons, hidden_inputs = encode_inputs([(i, d) for i, d, h in items if h])
-        skeletons |= hidden_skeletons
-        calls = [
-            Planned(
-                pc.index,
-                pc.graded.name,
-                pc.graded.kind,
-                pc.graded.outputs,
-                pc.graded.forbidden,
-                skeletons[pc.index],
-                pc.graded.driver,
-                hidden=pc.test.hidden,
-                max_return_bytes=max(MIN_RETURN_BYTES, 16 * sum(v.nbytes for v in pc.expectation.values)),
-            )
-            for pc in cases
-        ]
+        rung_skeletons, rung_inputs = encode_inputs([(i, d) for i, d, h in items if h is None])
+        skeletons |= hidden_skeletons | rung_skeletons
+        calls = [_call(pc, skeletons[pc.index], pc.graded.forbidden) for pc in cases]
         calls.sort(key=lambda c: c.hidden)  # stable: spec order within each kind
-        return cls(spec, device, cases, calls, inputs, hidden_inputs)
+        rung_calls = [_call(pc, skeletons[pc.index], ()) for pc in rungs]
+        return cls(spec, device, cases, calls, inputs, hidden_inputs, rungs, rung_calls, rung_inputs)
+
+
+def _call(pc: PlannedCase, skeleton: dict, forbidden: tuple[str, ...]) -> Planned:
+    assert pc.expectation is not None
+    return Planned(
+        pc.index,
+        pc.graded.name,
+        pc.graded.kind,
+        pc.graded.outputs,
+        forbidden,
+        skeleton,
+        pc.graded.driver,
+        hidden=pc.test.hidden,
+        max_return_bytes=max(MIN_RETURN_BYTES, 16 * sum(v.nbytes for v in pc.expectation.values)),
+    )

@@ -23,7 +23,7 @@ import safetensors
 import safetensors.torch
 import torch
 
-from autograder.grader.counterexample import Ladder
+from autograder.grader.counterexample import call_code
 from autograder.grader.plan import PlannedCase, StagePlan
 from autograder.grader.runner import encode_inputs
 from autograder.runtime import wire
@@ -82,21 +82,22 @@ def _case(pc: PlannedCase, call: CallSpec, tensors: dict[str, torch.Tensor], ind
     }
 
 
-def _small(spec: StageSpec, first: int, tensors: dict[str, torch.Tensor]) -> list[dict]:
+def _small(plan: StagePlan, first: int, tensors: dict[str, torch.Tensor]) -> list[dict]:
     """The small inputs of every graded name, numbered from ``first`` on (after the public
     cases), each with its place in its name's order, its size and the code of its call."""
-    ladder = Ladder.build(spec, "cpu")
-    calls = {c.index: c for c in ladder.plan.calls}
+    calls = {c.index: c for c in plan.rung_calls}
     out = []
-    for n, pc in enumerate(ladder.plan.cases):
-        index, call, rung = first + n, calls[pc.index], ladder.rungs[pc.index]
-        data = {k: wire.decode(v, ladder.plan.inputs) for k, v in call.data.items()}
+    for n, pc in enumerate(plan.rungs):
+        index, call, rung = first + n, calls[pc.index], pc.rung
+        assert rung is not None
+        data = {k: wire.decode(v, plan.rung_inputs) for k, v in call.data.items()}
         skeletons, inputs = encode_inputs([(index, data)])
         tensors |= inputs
-        moved = dataclasses.replace(call, index=index, data=skeletons[index])
-        out.append(
-            {**_case(pc, moved, tensors, index), "rank": rung.rank, "size": rung.size, "code": rung.code}
-        )
+        # the notebook watches its small inputs for forbidden calls too (the grader's run
+        # leaves them unwatched: what a small input shows earns nothing)
+        moved = dataclasses.replace(call, index=index, data=skeletons[index], forbidden=pc.graded.forbidden)
+        code = call_code(pc.graded, rung.data)
+        out.append({**_case(pc, moved, tensors, index), "rank": rung.rank, "size": rung.size, "code": code})
     return out
 
 
@@ -106,7 +107,7 @@ def build(spec: StageSpec) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     tensors = dict(plan.inputs)
     calls = {c.index: c for c in plan.calls}
     cases = [_case(pc, calls[pc.index], tensors, pc.index) for pc in plan.cases]
-    small = _small(spec, len(plan.cases), tensors)
+    small = _small(plan, len(plan.cases), tensors)
     graded = {
         g.name: {
             "task": g.task,

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty, Queue
-from typing import Any
+from typing import Any, Protocol
 
 import safetensors.torch
 import torch
@@ -72,6 +72,25 @@ class Planned(CallSpec):
 
     hidden: bool = False  # a hidden case: its inputs reach the child after every public call
     max_return_bytes: int = MIN_RETURN_BYTES  # returned values beyond this are not read
+    call_s: float | None = None  # its own time limit (a small input's), else the run's
+
+
+class Ladder(Protocol):
+    """Small inputs a clean child runs one at a time, after its public calls and before any
+    hidden input reaches it (``grader/counterexample.py``'s ``Search``): ``next`` is asked
+    each time the child is ready for more, with every outcome so far, and names the next
+    call to make (one of ``calls``), or None when it has what it needs. ``inputs``: every
+    call's specs and tensors, as the child reads them (``ladder_file``)."""
+
+    calls: list[Planned]
+
+    @property
+    def inputs(self) -> bytes: ...
+
+    def next(self, outcomes: dict[int, CallOutcome]) -> Planned | None: ...
+
+    @property
+    def spent_s(self) -> float: ...
 
 
 @dataclass
@@ -501,9 +520,12 @@ class _Watch:
     then on, and everything from a child forked after that, may carry hidden inputs: it is
     kept apart (``private_*``) for instructors, and never reaches what a student sees."""
 
-    def __init__(self, calls: list[Planned], n_cells: int) -> None:
-        self.by_index = {c.index: c for c in calls}
+    def __init__(self, calls: list[Planned], n_cells: int, rungs: list[Planned] | None = None) -> None:
+        self.by_index = {c.index: c for c in (*calls, *(rungs or ()))}
         self.public = {c.index for c in calls if not c.hidden}
+        self.has_hidden = any(c.hidden for c in calls)
+        self.rungs = {c.index for c in rungs or ()}
+        self.instructed: int | None = None  # the small input the parent said to run now
         self.n_cells = n_cells
         self.outcomes: dict[int, CallOutcome] = {}
         self.cell_errors: dict[int, dict[str, str]] = {}
@@ -520,7 +542,9 @@ class _Watch:
         self.last_cell = -1
         self.calls_run: set[int] = set()  # each call starts once per child
         self.started = time.monotonic()
-        self.finished = self.asks_hidden = self.answered = False
+        self.finished = self.asks = False
+        self.may_ask = True  # the child may ask what next (again after each small input)
+        self.instructed = None
 
     @property
     def public_done(self) -> bool:
@@ -549,18 +573,25 @@ class _Watch:
             if self.current == ("call", i) and i not in self.outcomes:
                 self.outcomes[i] = self._outcome(ev)
                 self.current, self.started = None, time.monotonic()
+                if i == self.instructed:  # it may ask for the next one
+                    self.instructed, self.may_ask = None, True
         elif kind == "note":
             notes = self.private_notes if self.tainted else self.notes
             if len(notes) < MAX_NOTES:
                 notes.append(str(ev.get("text", ""))[:300])
-        elif kind == "hidden":
-            has_hidden = len(self.public) < len(self.by_index)
-            self.asks_hidden = has_hidden and self.public_done and not self.answered
+        elif kind == "hidden":  # "what next?": after the public calls, and after each small input
+            in_call = self.current is not None and self.current[0] == "call"
+            if (self.has_hidden or self.rungs) and self.public_done and self.may_ask and not in_call:
+                self.asks, self.may_ask = True, False
+                self.current = None  # its cells are done: until the answer, no cell's clock runs
         elif kind == "done":
             self.finished = True
 
     def _may_run(self, i: int) -> bool:
-        # public calls before the hidden inputs are given, hidden ones only after
+        # public calls before the hidden inputs are given, hidden ones only after; a small
+        # input only when the parent said to, and never after hidden inputs
+        if i in self.rungs:
+            return i == self.instructed and not self.tainted
         return (i in self.public) != self.tainted
 
     def _outcome(self, ev: dict[str, Any]) -> CallOutcome:
@@ -598,6 +629,7 @@ def run_submission(
     parts: dict[str, list[tuple[str, str]]] | None = None,
     hidden_inputs: bytes = b"",
     enough: Callable[[dict[int, CallOutcome]], bool] | None = None,
+    ladder: Ladder | None = None,
 ) -> RunReport:
     """Run one submission's code and calls in children; return what they produced.
     ``parts``: the same submission's earlier stages this one loads (``autograder.runtime.parts``).
@@ -605,16 +637,20 @@ def run_submission(
     (safetensors files): the child gets the second only after the public calls.
     ``enough``: asked with the outcomes so far (returned values read) each time a call ends;
     True stops the child there, and the calls left are "skipped" (a counterexample search
-    that has its answer)."""
+    that has its answer). ``ladder``: small inputs the child runs, as ``ladder.next`` says,
+    between its public calls and the hidden ones (their outcomes join the report's); the
+    time they take is not the submission's (its budget grows by ``ladder.spent_s``)."""
     t0 = time.monotonic()
-    watch = _Watch(calls, len(cells))
+    watch = _Watch(calls, len(cells), ladder.calls if ladder else None)
     outcomes = watch.outcomes
     by_index = watch.by_index
     hidden = [c for c in calls if c.hidden]
     skip_cells: list[int] = []
     crashes: dict[str, int] = {}
     restarts = 0
-    max_restarts = MAX_RESTARTS + 2 * len({c.name for c in calls})
+    # a small input that hangs or crashes stops its name's small inputs: one restart each
+    small_names = {c.name for c in ladder.calls} if ladder else set()
+    max_restarts = MAX_RESTARTS + 2 * len({c.name for c in calls}) + len(small_names)
     stopped = f"not run: the submission used up its {limits.submission_s:g} s"
     satisfied = False  # ``enough`` said so: the child was stopped on purpose
     received = 0  # bytes from every child of this submission
@@ -648,6 +684,7 @@ def run_submission(
             "cells": cells,
             "calls": [c.to_json() for c in calls if not c.hidden],
             "hidden": len(hidden),
+            "ladder": ladder is not None,
             "parts": parts or {},
         }
         (job / "plan.json").write_text(json.dumps(plan))
@@ -656,6 +693,9 @@ def run_submission(
         # once the parent has written the hidden calls into it
         hidden_file = job / "hidden.bin"
         hidden_file.touch(mode=0o600)
+        ladder_file = job / "ladder.bin"  # likewise: written when a first small input is asked for
+        ladder_file.touch(mode=0o600)
+        ladder_written = False
         while True:
             (job / "resume.json").write_text(
                 json.dumps(
@@ -686,9 +726,13 @@ def run_submission(
             try:
                 while not (watch.finished or events.eof):
                     now = time.monotonic()
-                    limit = limits.call_s if watch.current and watch.current[0] == "call" else limits.cell_s
+                    if watch.current and watch.current[0] == "call":
+                        limit = by_index[watch.current[1]].call_s or limits.call_s
+                    else:
+                        limit = limits.cell_s
                     # explicit deadlines: a child that keeps talking does not stop the clocks
-                    wait = min(watch.started + limit, t0 + limits.submission_s) - now
+                    spent = ladder.spent_s if ladder is not None else 0.0
+                    wait = min(watch.started + limit, t0 + limits.submission_s + spent) - now
                     ended = len(outcomes)
                     if wait <= 0 or not events.read(wait):
                         timed_out = True
@@ -699,17 +743,28 @@ def run_submission(
                         if enough(outcomes):
                             satisfied = True
                             break
-                    if watch.asks_hidden:
-                        watch.asks_hidden, watch.answered = False, True
+                    if watch.asks:
+                        watch.asks = False
                         watch.started = time.monotonic()
-                        if not watch.released:
-                            # what it printed so far is the student's to see; whatever
-                            # comes after may hold hidden inputs
-                            clean_stdout = _read_head(job / "stdout.txt", MAX_STDOUT)
-                            _write_hidden(hidden_file, hidden, hidden_inputs)
-                            watch.released = watch.tainted = True
+                        rung = None if watch.released or ladder is None else ladder.next(outcomes)
+                        if rung is not None:
+                            if not ladder_written:
+                                _write_hidden(ladder_file, ladder.calls, ladder.inputs)
+                                ladder_written = True
+                            watch.instructed = rung.index
+                            answer = wire.command(wire.RUN, rung.index)
+                        elif hidden:
+                            if not watch.released:
+                                # what it printed so far is the student's to see; whatever
+                                # comes after may hold hidden inputs
+                                clean_stdout = _read_head(job / "stdout.txt", MAX_STDOUT)
+                                _write_hidden(hidden_file, hidden, hidden_inputs)
+                                watch.released = watch.tainted = True
+                            answer = wire.command(wire.HIDDEN)
+                        else:
+                            answer = wire.command(wire.DONE)
                         try:
-                            os.write(control_w, b"g")
+                            os.write(control_w, answer)
                         except OSError:  # it closed its end (EPIPE): ended as a crash, not a grader fault
                             refused = True
                             break
@@ -765,12 +820,9 @@ def run_submission(
                         stopped = f"not run: {note}"
                 break
             what, i = current
-            reason = (
-                f"did not finish within {limits.call_s if what == 'call' else limits.cell_s:g} s "
-                f"(an infinite loop, or a wait for input?)"
-                if timed_out
-                else died
-            )
+            limit = (by_index[i].call_s or limits.call_s) if what == "call" else limits.cell_s
+            hung = f"did not finish within {limit:g} s (an infinite loop, or a wait for input?)"
+            reason = hung if timed_out else died
             if what == "cell":
                 skip_cells.append(i)
                 errors = watch.private_cell_errors if watch.tainted else watch.cell_errors
@@ -779,10 +831,11 @@ def run_submission(
                 name = by_index[i].name
                 status = "timeout" if timed_out else "crashed"
                 outcomes[i] = CallOutcome(status, {"message": f"{name} {reason}"})
-                crashes[name] = crashes.get(name, 0) + 1
                 # A name that hung once, or crashed twice, would do it again: don't spend
-                # the submission's budget on it.
-                if timed_out or crashes[name] >= 2:
+                # the submission's budget on it. (A small input is not graded: the ladder
+                # stops that name's small inputs, and its graded calls are still made.)
+                crashes[name] = crashes.get(name, 0) + (i not in watch.rungs)
+                if i not in watch.rungs and (timed_out or crashes[name] >= 2):
                     why = reason if timed_out else "crashed the process twice"
                     for c in calls:
                         if c.name == name and c.index not in outcomes:
@@ -794,7 +847,7 @@ def run_submission(
                 stopped = "not run: grading of this submission stopped after too many hangs or crashes"
                 watch.notes.append(stopped.removeprefix("not run: "))
                 break
-            if time.monotonic() - t0 >= limits.submission_s:
+            if time.monotonic() - t0 >= limits.submission_s + (ladder.spent_s if ladder else 0.0):
                 break
         finish_outcomes(calls, outcomes, stopped)
         stdout = _read_head(job / "stdout.txt", MAX_STDOUT)
@@ -835,6 +888,7 @@ def run_public(
     limits: Limits,
     parts: dict[str, list[tuple[str, str]]] | None = None,
     enough: Callable[[dict[int, CallOutcome]], bool] | None = None,
+    ladder: Ladder | None = None,
 ) -> RunReport:
     """Run a submission's code and public calls only, in fresh children that never receive
     a hidden input: there is no hidden phase (the plan says none, so a child neither opens
@@ -847,7 +901,9 @@ def run_public(
     # an earlier job of this submission (the one that held hidden inputs) may still be
     # ending in the background: its uid's processes are swept before a new child exists
     server.drain()
-    report = run_submission(server, cells, module_name, calls, inputs, device, limits, parts, enough=enough)
+    report = run_submission(
+        server, cells, module_name, calls, inputs, device, limits, parts, enough=enough, ladder=ladder
+    )
     if report.private_stdout or report.private_notes or report.private_cell_errors:
         raise RuntimeError("a public-only run released hidden inputs")  # cannot happen: none were given
     return report

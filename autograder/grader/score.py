@@ -63,10 +63,13 @@ def score_stage(
     keep_arrays: bool = False,
     private_notes: list[str] | None = None,
     private_stdout: str = "",
+    checked: dict[int, CaseResult] | None = None,
 ) -> StageResult:
     """Turn call outcomes into test results. ``failure`` (a load problem) fails every case.
     ``keep_arrays``: failing cases keep small windows of their wrong outputs (for pictures).
-    ``private_*``: what the code produced after it received hidden inputs (instructors only)."""
+    ``private_*``: what the code produced after it received hidden inputs (instructors only).
+    ``checked``: cases checked already, by index (the counterexample search checks the public
+    ones while the child runs: ``counterexample.Search``)."""
     spec = plan.spec
     by_test: dict[tuple[str, str], list[tuple[PlannedCase, CaseResult]]] = {}
     forbidden: dict[str, str] = {}
@@ -76,7 +79,7 @@ def score_stage(
             result = CaseResult(pc.label, False, "not run")  # the reason heads the test's output
         else:
             o = outcomes[pc.index]
-            result = check_case(
+            result = (checked or {}).get(pc.index) or check_case(
                 pc.label, o.status, o.info, o.outputs, pc.expectation, spec.misconceptions, keep_arrays
             )
             if o.status == "missing" and lost and pc.graded.name in lost:

@@ -135,3 +135,14 @@ def unpack(layouts: Any, blob: bytes | bytearray) -> list[torch.Tensor]:
     if at != len(blob):
         raise ValueError("the returned values are longer than their layout says")
     return out
+
+
+# What the grader answers a grading child that asks, after its public calls, what to do
+# next: a command byte and an 8-byte little-endian number (a call's index, for RUN). Written
+# at once (fewer bytes than a pipe writes atomically).
+HIDDEN, DONE, RUN = b"g", b"d", b"r"  # the hidden calls; nothing more; a small input
+COMMAND_BYTES = 9
+
+
+def command(what: bytes, index: int = 0) -> bytes:
+    return what + index.to_bytes(8, "little")

@@ -204,6 +204,7 @@ def main(
     tensors = safetensors.torch.load_file(str(job / "inputs.safetensors"))
     # opened now, read only when the parent says so: empty until then
     hidden_fd = os.open(job / "hidden.bin", os.O_RDONLY | os.O_CLOEXEC) if plan.get("hidden") else None
+    ladder_fd = os.open(job / "ladder.bin", os.O_RDONLY | os.O_CLOEXEC) if plan.get("ladder") else None
     device = plan["device"]
     if ready is not None:
         try:  # the job's box complete (its view, its cgroup) before anything else happens
@@ -263,18 +264,45 @@ def main(
             emit(e="cell_error", i=i, **_safe_describe(exc))
     skip_calls = set(resume["skip_calls"])
     _run_calls(ns, plan["calls"], skip_calls, tensors, device, emit)
-    if hidden_fd is not None and control_fd is not None:
+    if (hidden_fd is not None or ladder_fd is not None) and control_fd is not None:
         # What was printed so far may be shown to the student: out of the buffers before
         # the hidden inputs arrive, so none of it is counted as printed after them.
         _flush(stdout, stderr, sys.stdout, sys.stderr)
-        emit(e="hidden")
-        if _read(control_fd, 1) != b"g":
-            return 0  # the parent has gone
-        hidden_calls, hidden_tensors = _read_hidden(hidden_fd)
-        _run_calls(ns, hidden_calls, skip_calls, hidden_tensors, device, emit)
+        small: tuple[dict[int, dict[str, Any]], dict] | None = None
+        while True:
+            emit(e="hidden")  # what next: a small input (wire.RUN), the hidden calls, or done
+            answer = _read_command(control_fd)
+            if answer is None:
+                return 0  # the parent has gone
+            what, index = answer
+            if what == wire.RUN and ladder_fd is not None:
+                if small is None:  # the parent wrote them before its first RUN
+                    specs, small_tensors = _read_hidden(ladder_fd)
+                    small = ({d["index"]: d for d in specs}, small_tensors)
+                if index in small[0]:
+                    _run_calls(ns, [small[0][index]], skip_calls, small[1], device, emit)
+                    _flush(stdout, stderr, sys.stdout, sys.stderr)
+                continue
+            if what == wire.HIDDEN and hidden_fd is not None:
+                hidden_calls, hidden_tensors = _read_hidden(hidden_fd)
+                _run_calls(ns, hidden_calls, skip_calls, hidden_tensors, device, emit)
+            elif what != wire.DONE:
+                return 0
+            break
     _flush(stdout, stderr, sys.stdout, sys.stderr)
     emit(e="done")
     return 0
+
+
+def _read_command(fd: int) -> tuple[bytes, int] | None:
+    """The parent's answer (``runner.command``); None if it has gone."""
+    data = b""
+    while len(data) < wire.COMMAND_BYTES:
+        part = _read(fd, wire.COMMAND_BYTES - len(data))
+        if not part:
+            return None
+        data += part
+    return data[:1], int.from_bytes(data[1:], "little")
 
 
 def _flush(*streams: Any) -> None:
