@@ -39,15 +39,19 @@ generate: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_grade.py
 
-# A synthetic class (200 students x every stage, 01-11) through `batch`, against nbgrader autograde,
-# the floor and the self-check latency (issue 9). ARGS="--students 50 --sample 11" to shorten.
+# Two synthetic classes of 40 students x every stage (01-11) through `batch`: one where every notebook
+# fails something or leaves something unwritten, one where every notebook passes, per stage side by
+# side (issue 27: failing <= 1.3x correct); against nbgrader autograde (the failing class), the floor
+# and the self-check latency (issue 9). The mostly-correct class of before:
+# ARGS="--classes mix --students 200 --sample 22"; all three: ARGS="--classes failing,correct,mix".
 bench-class: $(STAMP)
 	$(BIN)/python benchmarks/bench_class.py $(ARGS)
 
 # Cold start (issue 19): a fresh `import torch` against the CLI on one stage-01 submission,
 # Gradescope's run_autograder on a temporary root (stage 01; all nine stages against
 # `batch --workers 1` per student) and 40 stage-01 notebooks through `batch` against real
-# `nbgrader autograde`, each target a ratio measured in the same run. ARGS="--repeat 3".
+# `nbgrader autograde`, mostly correct and (issue 27) all failing: a real mistake each, padding_mask
+# unwritten; each target a ratio measured in the same run. ARGS="--repeat 3".
 bench-cold: $(STAMP)
 	$(BIN)/python benchmarks/bench_cold.py $(ARGS)
 

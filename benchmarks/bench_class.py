@@ -1,10 +1,24 @@
 """A whole class: N students × every stage (``stage_ids()``: 01-11) graded by ``batch``,
 against nbgrader, the floor, and the students' self-check latency (issue 9; stages 10 and 11,
-issue 21).
+issue 21); a class where every notebook fails beside one where every notebook passes (issue 27).
 
 Method
 ------
-1. *The class*: a synthetic class of ``--students`` students, each holding every stage as a
+0. *The classes* (``--classes``, default ``failing,correct``), each of ``--students``
+   students, graded one after another, each by a fresh ``batch`` run: ``mix`` (item 1),
+   ``correct`` (every notebook the solution notebook or a correct example student's file)
+   and ``failing`` (every notebook fails something or leaves something unwritten:
+   ``FAIL_MIX`` of named mistakes, other example students who lose points in that stage,
+   the solution with one task as the template has it, ``raise NotImplementedError``, and
+   broken ones; no hanging student; a stage that runs earlier ones runs the student's own,
+   failing too). The first class listed is the one of the whole-class figures below
+   (items 2-4, 6); nbgrader grades a sample of each class but the correct one. With both
+   ``correct`` and ``failing``, a table sets side by side per stage what a notebook costs
+   in each (its ``grade_stage`` and the counterexample search after it, mean and median;
+   the correct class's notebooks at full marks, the failing class's that lose points:
+   the grades are checked, not assumed), with the target of issue 27: failing ≤ 1.3×
+   correct, per notebook, in every stage (mean).
+1. *The class* (``mix``): a synthetic class of ``--students`` students, each holding every stage as a
    notebook in the flat layout ``<student>/<NN_stage>.ipynb``, built deterministically
    (``--seed``). Each (student, stage) is drawn from: a correct notebook (the solution
    notebook, or an example student's correct file), a named mistake (an example student
@@ -39,8 +53,10 @@ Method
    after the last check are not run).
 6. ``--memory-scaling``: the batch's peak RSS at 50 and at 200 students.
 
-Run: ``make bench-class`` or ``.venv/bin/python benchmarks/bench_class.py [options]``.
-Figures also go to ``build/bench/bench_class.json``.
+Run: ``make bench-class`` or ``.venv/bin/python benchmarks/bench_class.py [options]``; the
+figures of before issue 27 (200 students of the mix): ``--classes mix --students 200
+--sample 22``. Figures also go to ``build/bench/bench_class.json`` (per class under
+``per_class``; the side-by-side table under ``failing_vs_correct``).
 """
 
 from __future__ import annotations
@@ -72,7 +88,20 @@ SOLUTIONS = ROOT / "solutions"
 HANGING = ("leo_infinite_loop", "01_attention")
 CORRECT_EXAMPLES = ("ada_correct_matmul", "grace_correct_einsum")
 MIX = {"correct": 0.80, "mistake": 0.16, "broken": 0.04}  # the hanging one comes on top
-TARGETS = {"nbgrader": 20.0, "floor": 1.5, "rss_gib": 4.0, "selfcheck_s": 1.0, "selfcheck_median_s": 0.2}
+# the failing class (issue 27): every notebook fails something or leaves something unwritten;
+# "losing" is an example student who loses points without a named mistake (a forbidden call,
+# a function left unwritten, a syntax error: examples/expected's score below the stage's)
+FAIL_MIX = {"mistake": 0.45, "losing": 0.15, "unfinished": 0.30, "broken": 0.10}
+# --classes: mix (MIX, one hanging student), correct (every notebook passes), failing
+CLASSES = ("mix", "correct", "failing")
+TARGETS = {
+    "nbgrader": 20.0,
+    "floor": 1.5,
+    "rss_gib": 4.0,
+    "selfcheck_s": 1.0,
+    "selfcheck_median_s": 0.2,
+    "failing_over_correct": 1.3,
+}
 # nbgrader's cell time limit in the bench's course: long enough that every demo runs to its
 # end (11's fine-tuning takes minutes on a CPU), as a course that keeps its demos must set it
 CELL_TIMEOUT_S = 900
@@ -92,29 +121,76 @@ def _notebook(path: Path) -> Any:
     return nb
 
 
+def _compiles(source: str) -> bool:
+    try:
+        compile(source, "<cell>", "exec")
+    except SyntaxError:
+        return False
+    return True
+
+
 def _broken(nb: Any, rng: random.Random) -> Any:
-    """The notebook with a syntax error in one of its graded (solution) cells."""
+    """The notebook with a syntax error in one of its graded (solution) cells: the first
+    ``):`` whose colon removed breaks the cell (a ``def`` line's; one in a comment would
+    not), else ``return )`` appended."""
     import copy
 
     nb = copy.deepcopy(nb)
     graded = [c for c in nb.cells if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")]
     cell = rng.choice(graded)
-    cell.source = cell.source.replace("):", ")", 1) if "):" in cell.source else cell.source + "\nreturn )"
+    source = cell.source
+    at = source.find("):")
+    while at >= 0:
+        candidate = source[: at + 1] + source[at + 2 :]
+        if not _compiles(candidate):
+            cell.source = candidate
+            return nb
+        at = source.find("):", at + 1)
+    cell.source = source + "\nreturn )"
     return nb
+
+
+def _unfinished(solution: Any, template: Any, rng: random.Random) -> tuple[Any, str]:
+    """The solution notebook with one task left unwritten: one of its graded (solution)
+    cells replaced by the released template's cell of the same ``grade_id`` (its bodies
+    ``# YOUR CODE HERE`` / ``raise NotImplementedError``). Returns it and the grade_id."""
+    import copy
+
+    stubs = {
+        c.metadata["nbgrader"]["grade_id"]: c.source
+        for c in template.cells
+        if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")
+    }
+    nb = copy.deepcopy(solution)
+    graded = [
+        c
+        for c in nb.cells
+        if c.cell_type == "code"
+        and c.metadata.get("nbgrader", {}).get("solution")
+        and stubs.get(c.metadata["nbgrader"].get("grade_id"), c.source) != c.source
+    ]
+    cell = rng.choice(graded)
+    task = cell.metadata["nbgrader"]["grade_id"]
+    cell.source = stubs[task]
+    return nb, task
 
 
 @dataclass
 class Pools:
     correct: dict[str, list[tuple[str, Path]]]  # stage -> (origin, file)
-    mistakes: dict[str, list[tuple[str, Path]]]
+    mistakes: dict[str, list[tuple[str, Path]]]  # named misconceptions
+    # example students who lose points in that stage without a named mistake (the hanging
+    # one left out): forbidden calls, functions left unwritten, syntax errors
+    losing: dict[str, list[tuple[str, Path]]]
 
     @classmethod
     def load(cls) -> Pools:
         from autograder.runtime.submission import Submission
-        from autograder.stages import stage_ids
+        from autograder.stages import load_spec, stage_ids
 
         correct: dict[str, list[tuple[str, Path]]] = {}
         mistakes: dict[str, list[tuple[str, Path]]] = {}
+        losing: dict[str, list[tuple[str, Path]]] = {}
         for stage in stage_ids():
             correct[stage] = [("solution", SOLUTIONS / stage / f"{stage}.ipynb")]
             for s in CORRECT_EXAMPLES:
@@ -122,11 +198,16 @@ class Pools:
                 if f is not None:
                     correct[stage].append((s, f))
             expected = json.loads((EXPECTED / f"{stage}.json").read_text())["students"]
-            mistakes[stage] = []
+            top = load_spec(stage).max_score
+            mistakes[stage], losing[stage] = [], []
             for s, e in sorted(expected.items()):
-                if e["misconceptions"] and (f := Submission(EXAMPLES / s).file(stage)) is not None:
+                if (f := Submission(EXAMPLES / s).file(stage)) is None or s == HANGING[0]:
+                    continue
+                if e["misconceptions"]:
                     mistakes[stage].append((s, f))
-        return cls(correct, mistakes)
+                elif e["score"] < top:
+                    losing[stage].append((s, f))
+        return cls(correct, mistakes, losing)
 
 
 def build_class(root: Path, n: int, seed: int) -> dict[tuple[str, str], str]:
@@ -174,6 +255,71 @@ def build_class(root: Path, n: int, seed: int) -> dict[tuple[str, str], str]:
         for stage, nb in nbs.items():
             nbformat.write(nb, folder / f"{stage}.ipynb")
     return kinds
+
+
+def build_correct_class(root: Path, n: int, seed: int) -> dict[tuple[str, str], str]:
+    """Every (student, stage) correct: the solution notebook or a correct example
+    student's file (``Pools.correct``); kinds ``correct:WHO``."""
+    import nbformat
+
+    from autograder.stages import stage_ids
+
+    rng = random.Random(seed)
+    pools = Pools.load()
+    kinds: dict[tuple[str, str], str] = {}
+    width = len(str(n))
+    for i in range(n):
+        student = f"s{i:0{width}d}"
+        folder = root / student
+        folder.mkdir(parents=True)
+        for stage in stage_ids():
+            origin, f = rng.choice(pools.correct[stage])
+            nbformat.write(_notebook(f), folder / f"{stage}.ipynb")
+            kinds[(student, stage)] = f"correct:{origin}"
+    return kinds
+
+
+def build_failing_class(root: Path, n: int, seed: int) -> dict[tuple[str, str], str]:
+    """Every (student, stage) fails something or leaves something unwritten (``FAIL_MIX``):
+    a named mistake (``Pools.mistakes``), another example student's losing file
+    (``Pools.losing``), the solution with one task left as the template has it
+    (``_unfinished``), or the solution with a syntax error (``_broken``). No hanging student.
+    A stage that runs earlier ones runs the student's own, failing too (a mistake's author's
+    own earlier stages do not come along, as they do in the mix: most are correct). Kinds:
+    ``mistake:WHO``, ``losing:WHO``, ``unfinished:GRADE_ID``, ``broken``."""
+    import nbformat
+
+    from autograder.stages import stage_ids
+
+    rng = random.Random(seed)
+    pools = Pools.load()
+    stages = stage_ids()
+    solution_nbs = {s: _notebook(SOLUTIONS / s / f"{s}.ipynb") for s in stages}
+    templates = {s: _notebook(ROOT / "assignments" / s / f"{s}.ipynb") for s in stages}
+    kinds: dict[tuple[str, str], str] = {}
+    width = len(str(n))
+    for i in range(n):
+        student = f"s{i:0{width}d}"
+        folder = root / student
+        folder.mkdir(parents=True)
+        for stage in stages:
+            kind = rng.choices(list(FAIL_MIX), weights=list(FAIL_MIX.values()))[0]
+            if kind == "losing" and not pools.losing[stage]:
+                kind = "mistake"  # a stage whose losing students all name a mistake
+            if kind in ("mistake", "losing"):
+                origin, f = rng.choice(getattr(pools, "mistakes" if kind == "mistake" else kind)[stage])
+                nb, kind = _notebook(f), f"{kind}:{origin}"
+            elif kind == "unfinished":
+                nb, task = _unfinished(solution_nbs[stage], templates[stage], rng)
+                kind = f"unfinished:{task}"
+            else:
+                nb = _broken(solution_nbs[stage], rng)
+            nbformat.write(nb, folder / f"{stage}.ipynb")
+            kinds[(student, stage)] = kind
+    return kinds
+
+
+BUILDERS = {"mix": build_class, "correct": build_correct_class, "failing": build_failing_class}
 
 
 # -- memory ---------------------------------------------------------------------------------
@@ -252,41 +398,70 @@ class BatchFigures:
     # every time limit the class hit (a call or a cell that never returned): seconds each;
     # no grader stops a hang sooner than its limit, so the floor pays them too
     hangs_s: list[float] = field(default_factory=list)
-    # stage -> kind (correct, mistake, mistake-dep, broken) -> seconds of each grade_stage call
-    # (wall, in its worker); the hanging student's stages left out (they time their limits)
+    # stage -> kind (correct, mistake, mistake-dep, broken; the correct and failing classes'
+    # kinds: ``build_correct_class``, ``build_failing_class``; a notebook of the correct class
+    # that lost points is "lost", one of the failing class at full marks "passed") -> seconds
+    # of each grade_stage call (wall, in its worker); the hanging student's stages left out
+    # (they time their limits)
     stage_s: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    # the same notebooks, in the same order: seconds of the counterexample search after the
+    # grade (``Counterexamples.for_stage``, a child of its own), 0 where none ran
+    search_s: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    # the notebooks at full marks, of those graded (the hanging student's left out)
+    full_marks: int = 0
+    # the same notebooks again: whether each is warm, i.e. not of the first ``workers``
+    # students to start (``cold_students``: each worker's first pays the first use of every
+    # stage, its plans, ladders and imports)
+    warm: dict[str, dict[str, list[bool]]] = field(default_factory=dict)
+    cold_students: list[str] = field(default_factory=list)
 
 
 class StageClock:
     """Times every ``Grader.grade_stage`` call made while it is entered: one stage of one
     submission, as ``batch`` grades it (the fork, the cells, the calls, the checks, the
-    score), keyed by (student folder, stage)."""
+    score), keyed by (student folder, stage); and, apart, the counterexample search a
+    failing stage gets after its grade (``Counterexamples.for_stage``, where the grader
+    has it). Each key's calls are summed; ``started``: when each key's first call began."""
 
     def __init__(self) -> None:
         self.seconds: dict[tuple[str, str], float] = {}
+        self.search: dict[tuple[str, str], float] = {}
+        self.started: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
+        self._restore: list[tuple[Any, str, Any]] = []
+
+    def _wrap(self, owner: Any, name: str, into: dict[tuple[str, str], float]) -> None:
+        original = getattr(owner, name)
+        lock, started = self._lock, self.started
+
+        def timed(this: Any, submission: Path, stage: str, *args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            key = (Path(submission).name, stage)
+            with lock:
+                started.setdefault(key, t)
+            try:
+                return original(this, submission, stage, *args, **kwargs)
+            finally:
+                with lock:
+                    into[key] = into.get(key, 0.0) + time.perf_counter() - t
+
+        setattr(owner, name, timed)
+        self._restore.append((owner, name, original))
 
     def __enter__(self) -> StageClock:
+        from autograder.grader import counterexample
         from autograder.grader.grade import Grader
 
-        self._original = original = Grader.grade_stage
-        clock = self
-
-        def timed(grader: Any, submission: Path, stage: str) -> Any:
-            t = time.perf_counter()
-            try:
-                return original(grader, submission, stage)
-            finally:
-                with clock._lock:
-                    clock.seconds[(Path(submission).name, stage)] = time.perf_counter() - t
-
-        Grader.grade_stage = timed  # type: ignore[method-assign]
+        self._wrap(Grader, "grade_stage", self.seconds)
+        searcher = getattr(counterexample, "Counterexamples", None)
+        if searcher is not None and hasattr(searcher, "for_stage"):
+            self._wrap(searcher, "for_stage", self.search)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from autograder.grader.grade import Grader
-
-        Grader.grade_stage = self._original  # type: ignore[method-assign]
+        for owner, name, original in reversed(self._restore):
+            setattr(owner, name, original)
+        self._restore.clear()
 
 
 _LIMIT_HIT = re.compile(r"did not finish within (\d+(?:\.\d+)?) s")
@@ -308,7 +483,11 @@ def hangs(rows: list[dict[str, Any]]) -> list[float]:
     return out
 
 
-def grade_class(class_dir: Path, workers: int, db: Path, kinds: dict[tuple[str, str], str]) -> BatchFigures:
+def grade_class(
+    class_dir: Path, workers: int, db: Path, kinds: dict[tuple[str, str], str], which: str = "mix"
+) -> BatchFigures:
+    """``which``: the class's name (``CLASSES``): in the correct class, a notebook that
+    lost points is timed as "lost"; in the failing class, one at full marks as "passed"."""
     from autograder.grader.batch import Gradebook, discover, run
 
     units = discover(class_dir, None)
@@ -324,11 +503,25 @@ def grade_class(class_dir: Path, workers: int, db: Path, kinds: dict[tuple[str, 
         kind = kinds.get((r["student"], r["stage"]), "?").split(":")[0]
         by_kind.setdefault(kind, []).append(r["score"] / r["max_score"])
     hanging = {student for (student, _), kind in kinds.items() if kind == "hanging"}
+    full = {(r["student"], r["stage"]): r["score"] >= r["max_score"] > 0 for r in rows}
+    first: dict[str, float] = {}
+    for (student, _), t in clock.started.items():
+        first[student] = min(t, first.get(student, t))
+    cold = sorted(first, key=first.__getitem__)[:workers]
     stage_s: dict[str, dict[str, list[float]]] = {}
+    search_s: dict[str, dict[str, list[float]]] = {}
+    warm: dict[str, dict[str, list[bool]]] = {}
     for (student, stage), seconds in sorted(clock.seconds.items()):
         if student not in hanging:
             kind = kinds.get((student, stage), "?").split(":")[0]
+            if which == "correct" and not full.get((student, stage), True):
+                kind = "lost"
+            elif which == "failing" and full.get((student, stage), False):
+                kind = "passed"
             stage_s.setdefault(stage, {}).setdefault(kind, []).append(seconds)
+            searched = clock.search.get((student, stage), 0.0)
+            search_s.setdefault(stage, {}).setdefault(kind, []).append(searched)
+            warm.setdefault(stage, {}).setdefault(kind, []).append(student not in cold)
     students = len({u.student for u in units})
     return BatchFigures(
         students,
@@ -341,6 +534,10 @@ def grade_class(class_dir: Path, workers: int, db: Path, kinds: dict[tuple[str, 
         {k: {"n": len(v), "mean_fraction": statistics.fmean(v)} for k, v in sorted(by_kind.items())},
         hangs(rows),
         stage_s,
+        search_s,
+        sum(ok for (student, _), ok in full.items() if student not in hanging),
+        warm,
+        cold,
     )
 
 
@@ -435,10 +632,14 @@ def pick_sample(
 
 
 def _nbgrader(course: Path, *args: str) -> float:
-    env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ.get('PATH', '')}"}
+    # this checkout's venv, else the one running the bench (a checkout measured from another's venv)
+    bin_dir = ROOT / ".venv" / "bin"
+    if not (bin_dir / "nbgrader").is_file():
+        bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
     t = time.perf_counter()
     p = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "nbgrader"), *args],
+        [str(bin_dir / "nbgrader"), *args],
         cwd=course,
         env=env,
         capture_output=True,
@@ -668,6 +869,110 @@ def stage_table(
     return out
 
 
+FAILING_KINDS = ("mistake", "losing", "unfinished", "broken")
+
+
+def failing_vs_correct(correct: BatchFigures, failing: BatchFigures) -> dict[str, dict[str, Any]]:
+    """Per stage (seconds): what a notebook costs, its grade (``grade_stage``) and the
+    counterexample search after it summed, in the correct class (its notebooks at full
+    marks) and in the failing class (its notebooks that lose points: ``FAILING_KINDS``),
+    warm (``BatchFigures.warm``; all of them in a class of no more students than workers):
+    mean and median, their ratios failing / correct (the target: ``TARGETS``, on the means),
+    the search's share, the failing class's mean per kind; and the ratio of the means of
+    every notebook, the first students' included (``ratio_mean_all``)."""
+
+    def totals(
+        f: BatchFigures, stage: str, kinds: tuple[str, ...], warm_only: bool
+    ) -> tuple[list[float], list[float]]:
+        out_t, out_s = [], []
+        for k in kinds:
+            grade = f.stage_s.get(stage, {}).get(k, [])
+            search = f.search_s.get(stage, {}).get(k, [])
+            warm = f.warm.get(stage, {}).get(k, [True] * len(grade))
+            for g, x, w in zip(grade, search, warm, strict=True):
+                if w or not warm_only:
+                    out_t.append(g + x)
+                    out_s.append(x)
+        return out_t, out_s
+
+    out: dict[str, dict[str, Any]] = {}
+    for stage in sorted(set(correct.stage_s) | set(failing.stage_s)):
+        row: dict[str, Any] = {}
+        every_ok, _ = totals(correct, stage, ("correct",), False)
+        every_bad, _ = totals(failing, stage, FAILING_KINDS, False)
+        if every_ok and every_bad:
+            row["ratio_mean_all"] = statistics.fmean(every_bad) / statistics.fmean(every_ok)
+        ok, _ = totals(correct, stage, ("correct",), True)
+        bad, bad_search = totals(failing, stage, FAILING_KINDS, True)
+        row["warm"] = warm_only = bool(ok and bad)
+        if not warm_only:
+            ok, _ = totals(correct, stage, ("correct",), False)
+            bad, bad_search = totals(failing, stage, FAILING_KINDS, False)
+        row |= {"correct_n": len(ok), "failing_n": len(bad)}
+        if ok:
+            row |= {"correct_mean_s": statistics.fmean(ok), "correct_median_s": statistics.median(ok)}
+        if bad:
+            by_kind = {k: totals(failing, stage, (k,), warm_only)[0] for k in FAILING_KINDS}
+            row |= {
+                "failing_mean_s": statistics.fmean(bad),
+                "failing_median_s": statistics.median(bad),
+                "failing_search_mean_s": statistics.fmean(bad_search),
+                "failing_by_kind_mean_s": {k: statistics.fmean(v) for k, v in by_kind.items() if v},
+            }
+        if ok and bad:
+            row["ratio_mean"] = row["failing_mean_s"] / row["correct_mean_s"]
+            row["ratio_median"] = row["failing_median_s"] / row["correct_median_s"]
+        out[stage] = row
+    return out
+
+
+def print_failing_table(table: dict[str, dict[str, Any]], cold: int) -> None:
+    def ms(x: float | None) -> str:
+        return "—" if x is None else f"{1000 * x:,.0f}"
+
+    head = (
+        "stage",
+        "n",
+        "correct",
+        "failing",
+        "of it search",
+        "fail/corr",
+        "all",
+        "by kind (failing, mean)",
+    )
+    lines = [head]
+    for stage, r in table.items():
+        ratio = f"{r['ratio_mean']:.2f}x / {r['ratio_median']:.2f}x" if "ratio_mean" in r else "—"
+        lines.append(
+            (
+                stage + ("" if r["warm"] else " *"),
+                f"{r['correct_n']} / {r['failing_n']}",
+                f"{ms(r.get('correct_mean_s'))} / {ms(r.get('correct_median_s'))}",
+                f"{ms(r.get('failing_mean_s'))} / {ms(r.get('failing_median_s'))}",
+                ms(r.get("failing_search_mean_s")),
+                ratio,
+                f"{r['ratio_mean_all']:.2f}x" if "ratio_mean_all" in r else "—",
+                ", ".join(f"{k} {ms(v)}" for k, v in r.get("failing_by_kind_mean_s", {}).items()),
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    print(
+        "\nfailing class against correct class, per notebook, warm (ms; mean / median): grade_stage plus "
+        "the\ncounterexample search after it (its mean apart), in the correct class (notebooks at full "
+        f"marks) and in\nthe failing class (notebooks that lose points), the first {cold} students to "
+        "start in each class left out\n(* where that leaves none: all); n = correct / failing notebooks; "
+        "fail/corr = mean / median ratio;\nall = ratio of the means of every notebook, the first "
+        "students' included"
+    )
+    for line in lines:
+        print(
+            "  ".join(
+                x.ljust(w) if i in (0, len(head) - 1) else x.rjust(w)
+                for i, (x, w) in enumerate(zip(line, widths, strict=True))
+            ).rstrip()
+        )
+
+
 def print_stage_table(per_stage: dict[str, dict[str, Any]]) -> None:
     def ms(x: float | None) -> str:
         return "—" if x is None else f"{1000 * x:,.0f}"
@@ -724,66 +1029,141 @@ def _mib(b: float) -> str:
     return f"{b / 2**20:,.0f} MiB"
 
 
+def _classes(text: str) -> list[str]:
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in names if c not in CLASSES]
+    if not names or unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a comma-separated list of {', '.join(CLASSES)}, each once")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     from autograder.grader.batch import default_workers
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--students", type=int, default=200, help="class size (default 200)")
+    ap.add_argument("--students", type=int, default=40, help="students per class (default 40)")
+    ap.add_argument(
+        "--classes",
+        type=_classes,
+        default=["failing", "correct"],
+        help="the classes graded, one after another: mix (80%% correct, 16%% named mistakes, 4%% broken, "
+        "one hanging student), correct (every notebook passes), failing (every notebook fails something "
+        "or leaves something unwritten); the first is the one of the whole-class figures and targets "
+        "(default: failing,correct)",
+    )
     ap.add_argument("--workers", type=int, default=default_workers(), help="batch workers (default: cores)")
     ap.add_argument(
-        "--sample", type=int, default=22, help="notebooks graded by nbgrader (default 22: two per stage)"
+        "--sample",
+        type=int,
+        default=11,
+        help="notebooks of the mix and of the failing class graded by nbgrader (default 11: one per stage)",
     )
     ap.add_argument("--seed", type=int, default=9)
-    ap.add_argument("--memory-scaling", action="store_true", help="also grade 50 and 200 students: peak RSS")
     ap.add_argument(
-        "--shards", type=int, default=0, help="also grade the class as N shards one after another, then merge"
+        "--memory-scaling", action="store_true", help="also grade 50 and 200 students (first class): peak RSS"
+    )
+    ap.add_argument(
+        "--shards",
+        type=int,
+        default=0,
+        help="also grade the first class as N shards one after another, then merge",
     )
     ap.add_argument("--skip-nbgrader", action="store_true")
     ap.add_argument("--skip-selfcheck", action="store_true")
     ap.add_argument("--skip-floor", action="store_true")
-    ap.add_argument("--keep", type=Path, help="build the class here and keep it (default: a temp dir)")
+    ap.add_argument("--keep", type=Path, help="build the classes here and keep them (default: a temp dir)")
     ap.add_argument("--json", type=Path, default=ROOT / "build" / "bench" / "bench_class.json")
     args = ap.parse_args(argv)
     from autograder.stages import stage_ids
 
     stages = stage_ids()
-    figures: dict[str, Any] = {"students": args.students, "workers": args.workers, "cpus": os.cpu_count()}
+    primary = args.classes[0]
+    figures: dict[str, Any] = {
+        "students": args.students,
+        "classes": args.classes,
+        "workers": args.workers,
+        "cpus": os.cpu_count(),
+        "load_average_start": list(os.getloadavg()),
+    }
     tmp_ctx = tempfile.TemporaryDirectory(prefix="bertlab-bench-class-")
     tmp = Path(tmp_ctx.name)
     base = args.keep or tmp
     print(
-        f"bench_class: {args.students} students × {len(stages)} stages, {args.workers} workers, "
-        f"{os.cpu_count()} CPUs, seed {args.seed}",
+        f"bench_class: classes {', '.join(args.classes)} of {args.students} students × {len(stages)} stages, "
+        f"{args.workers} workers, {os.cpu_count()} CPUs, seed {args.seed}; load average "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         flush=True,
     )
+    graded: dict[str, BatchFigures] = {}
+    nbgs: dict[str, dict[str, Any] | None] = {}
+    per_class: dict[str, dict[str, Any]] = {}
     try:
-        class_dir = base / f"class{args.students}"
-        t = time.perf_counter()
-        kinds = build_class(class_dir, args.students, args.seed)
-        counts: dict[str, int] = {}
-        for k in kinds.values():
-            counts[k.split(":")[0]] = counts.get(k.split(":")[0], 0) + 1
-        print(f"  class built in {time.perf_counter() - t:.1f} s: {counts}", flush=True)
-        figures["mix"] = counts
+        for which in args.classes:
+            class_dir = base / f"{which}{args.students}"
+            t = time.perf_counter()
+            kinds = BUILDERS[which](class_dir, args.students, args.seed)
+            counts: dict[str, int] = {}
+            for k in kinds.values():
+                counts[k.split(":")[0]] = counts.get(k.split(":")[0], 0) + 1
+            print(f"  {which} class built in {time.perf_counter() - t:.1f} s: {counts}", flush=True)
+            db = base / f"gradebook-{which}{args.students}.db"
+            f = grade_class(class_dir, args.workers, db, kinds, which)
+            graded[which] = f
+            per_class[which] = {"mix": counts, "batch": f.__dict__}
+            print(
+                f"  batch, {which} class: {f.notebooks} notebooks in {f.wall_s:.1f} s "
+                f"({1000 * f.wall_s / f.notebooks:,.0f} ms/notebook; first grade back after "
+                f"{f.first_done_s:.1f} s); peak RSS {_mib(f.peak_rss)}; {f.full_marks} at full marks; "
+                f"limits hit: {len(f.hangs_s)}",
+                flush=True,
+            )
+            print(
+                f"    mean score fraction by kind: "
+                f"{ {k: round(v['mean_fraction'], 3) for k, v in f.scores.items()} }",
+                flush=True,
+            )
+            if which == "mix":
+                figures["mix"] = counts  # the figures of before --classes, kept
+            if which == primary:
+                figures["batch"] = f.__dict__
+                primary_dir = class_dir
 
-        ours = grade_class(class_dir, args.workers, base / f"gradebook{args.students}.db", kinds)
-        figures["batch"] = ours.__dict__
+            if which != "correct" and not args.skip_nbgrader and args.sample > 0:
+                sample = pick_sample(class_dir, kinds, args.sample, args.seed)
+                try:
+                    nbg = nbgrader_sample(class_dir, sample, base / f"nbgrader-course-{which}")
+                except Exception as exc:  # the batch figures survive a failing part
+                    print(f"  nbgrader failed: {type(exc).__name__}: {exc}", flush=True)
+                    nbg = None
+                nbgs[which] = per_class[which]["nbgrader"] = nbg
+                if which == primary:
+                    figures["nbgrader"] = nbg
+                if nbg:
+                    demos = {
+                        st: f"{c['skip-grading']:.1f} of {nbg['per_stage_s'][st]:.1f} s"
+                        for st, c in nbg["per_stage_cells_s"].items()
+                    }
+                    print(
+                        f"  nbgrader autograde, {which} class: {nbg['notebooks']} notebooks in "
+                        f"{nbg['seconds']:.1f} s ({nbg['autograded']} autograded); cells: graded "
+                        f"{nbg['cells_s']['graded']:.1f} s, skip-grading "
+                        f"{nbg['cells_s']['skip-grading']:.1f} s; "
+                        f"in demos per stage: {demos}",
+                        flush=True,
+                    )
+        figures["per_class"] = per_class
+        ours = graded[primary]
         per_nb = ours.wall_s / ours.notebooks
-        print(
-            f"  batch: {ours.notebooks} notebooks in {ours.wall_s:.1f} s "
-            f"(first grade back after {ours.first_done_s:.1f} s); peak RSS {_mib(ours.peak_rss)}",
-            flush=True,
-        )
-        print(
-            f"  mean score fraction by kind: "
-            f"{ {k: round(v['mean_fraction'], 3) for k, v in ours.scores.items()} }",
-            flush=True,
-        )
+        nbg = nbgs.get(primary)
 
         sharded = None
         if args.shards > 1:
             sharded = grade_sharded(
-                class_dir, args.workers, args.shards, base, base / f"gradebook{args.students}.db"
+                primary_dir,
+                args.workers,
+                args.shards,
+                base,
+                base / f"gradebook-{primary}{args.students}.db",
             )
             figures["sharded"] = sharded
             walls = ", ".join(f"{x['wall_s']:.1f}" for x in sharded["per_shard"])
@@ -793,27 +1173,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"merge {sharded['merge_s']:.2f} s); same grades as unsharded: {sharded['same_grades']}",
                 flush=True,
             )
-
-        nbg = None
-        if not args.skip_nbgrader and args.sample > 0:
-            sample = pick_sample(class_dir, kinds, args.sample, args.seed)
-            try:
-                nbg = nbgrader_sample(class_dir, sample, base / "nbgrader-course")
-            except Exception as exc:  # the batch figures survive a failing part
-                print(f"  nbgrader failed: {type(exc).__name__}: {exc}", flush=True)
-                nbg = None
-            figures["nbgrader"] = nbg
-            if nbg:
-                demos = {
-                    st: f"{c['skip-grading']:.1f} of {nbg['per_stage_s'][st]:.1f} s"
-                    for st, c in nbg["per_stage_cells_s"].items()
-                }
-                print(
-                    f"  nbgrader autograde: {nbg['notebooks']} notebooks in {nbg['seconds']:.1f} s "
-                    f"({nbg['autograded']} autograded); cells: graded {nbg['cells_s']['graded']:.1f} s, "
-                    f"skip-grading {nbg['cells_s']['skip-grading']:.1f} s; in demos per stage: {demos}",
-                    flush=True,
-                )
 
         floor = None
         if not args.skip_floor:
@@ -846,9 +1205,9 @@ def main(argv: list[str] | None = None) -> int:
             for n in (50, 200):
                 if n in scaling:
                     continue
-                d = base / f"class{n}"
-                k = build_class(d, n, args.seed)
-                f = grade_class(d, args.workers, base / f"gradebook{n}.db", k)
+                d = base / f"{primary}-scaling{n}"
+                k = BUILDERS[primary](d, n, args.seed)
+                f = grade_class(d, args.workers, base / f"gradebook-scaling{n}.db", k, primary)
                 scaling[n] = f.peak_rss
                 figures[f"batch_{n}"] = f.__dict__
                 print(
@@ -1025,18 +1384,76 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
 
+    # ---- the classes side by side ----
+    for which, f in graded.items():
+        f_per_nb = f.wall_s / f.notebooks
+        rows.append(
+            (
+                f"{which} class: ms / notebook",
+                f"{1000 * f_per_nb:,.0f}",
+                f"{f.notebooks} notebooks in {f.wall_s:.1f} s (start-up {f.first_done_s:.1f} s), "
+                f"{f.full_marks} at full marks, peak RSS {_mib(f.peak_rss)}",
+            )
+        )
+        if which != primary and (n := nbgs.get(which)):
+            n_per = n["seconds"] / n["notebooks"]
+            n_graded = (n["seconds"] - n["cells_s"]["skip-grading"]) / n["notebooks"]
+            rows.append(
+                (
+                    f"  nbgrader / ours ({which})",
+                    f"{n_per / f_per_nb:.1f}x",
+                    f"nbgrader {1000 * n_per:,.0f} ms / notebook ({n['notebooks']} notebooks); "
+                    f"demos not run: {n_graded / f_per_nb:.1f}x",
+                )
+            )
+            for label, value in (
+                (f"≥ 20× nbgrader ({which} class)", n_per / f_per_nb),
+                ("  the same, demos not run", n_graded / f_per_nb),
+            ):
+                verdicts.append((label, f"{value:.1f}x", "PASS" if value >= TARGETS["nbgrader"] else "MISS"))
+    versus = None
+    if "correct" in graded and "failing" in graded:
+        versus = failing_vs_correct(graded["correct"], graded["failing"])
+        figures["failing_vs_correct"] = versus
+        c, f = graded["correct"], graded["failing"]
+        rows.append(
+            (
+                "failing / correct, whole class",
+                f"{(f.wall_s / f.notebooks) / (c.wall_s / c.notebooks):.2f}x",
+                "wall per notebook, start-up included",
+            )
+        )
+        for stage, r in versus.items():
+            if "ratio_mean" in r:
+                verdicts.append(
+                    (
+                        f"failing ≤ 1.3× correct, {stage}{'' if r['warm'] else ' (not warm)'}",
+                        f"{r['ratio_mean']:.2f}x",
+                        "PASS" if r["ratio_mean"] <= TARGETS["failing_over_correct"] else "MISS",
+                    )
+                )
+            else:
+                verdicts.append((f"failing ≤ 1.3× correct, {stage}", "—", "n/a (no notebook timed)"))
+
     per_stage = stage_table(ours, floor, nbg, sc)
     figures["per_stage"] = per_stage
     w1 = max(len(r[0]) for r in rows + verdicts)
     w2 = max(len(r[1]) for r in rows + verdicts)
-    print("\nfigure".ljust(w1 + 1), "value".rjust(w2), " note")
+    print(f"\nfigure ({primary} class unless said)".ljust(w1 + 1), "value".rjust(w2), " note")
     for a, b, c in rows:
         print(a.ljust(w1), b.rjust(w2), "", c)
     print_stage_table(per_stage)
-    print("\ntarget".ljust(w1 + 1), "measured".rjust(w2), " verdict")
+    if versus:
+        print_failing_table(versus, len(graded["failing"].cold_students))
+    print(f"\ntarget ({primary} class unless said)".ljust(w1 + 1), "measured".rjust(w2), " verdict")
     for a, b, c in verdicts:
         print(a.ljust(w1), b.rjust(w2), "", c)
     figures["verdicts"] = verdicts
+    figures["load_average_end"] = list(os.getloadavg())
+    print(
+        f"\nload average (1, 5, 15 min): {figures['load_average_start']} at the start, "
+        f"{[round(x, 2) for x in figures['load_average_end']]} at the end"
+    )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
     print(f"figures: {args.json}")

@@ -29,6 +29,14 @@ order (so a slow minute of a shared machine slows a round, not one figure), then
   the real kernel would run): ``python -m autograder batch`` (its default workers, start-up
   included) against the real ``nbgrader autograde`` of the same files (bench_class.py's
   course, once: it takes minutes).
+- *40 failing notebooks* (issue 27): ``--class-size`` stage-01 notebooks that all lose
+  points, as a class near a deadline does: each is an example student's whose
+  ``softmax``, ``scaled_dot_product_attention`` or ``causal_mask`` has a real mistake
+  (``examples/expected/01_attention.json``: a student losing points on one of those three;
+  the hanging one and those that leave one of them unwritten left out), drawn in turn, with
+  ``padding_mask`` left unwritten as the template has it (``raise NotImplementedError``)
+  and any ``!`` shell line commented out; ``batch`` (as above, in every round) against
+  ``nbgrader autograde`` of the same files. Target: ≥ 25× nbgrader, as the class above.
 
 ``--baseline DIR`` measures another checkout the same way, in the same rounds (the
 "before" of a change): ``git archive COMMIT | tar -x -C DIR`` (its store of expected
@@ -76,6 +84,9 @@ STAGE = "01_attention"
 SOLUTIONS = ROOT / "solutions"
 EXAMPLES = ROOT / "examples" / "class"
 TARGETS = {"cli": 1.5, "gradescope_01": 2.0, "gradescope_all": 2.0, "nbgrader": 25.0}
+# the failing class: the names one of which each notebook gets wrong, and the one left unwritten
+MISTAKEN = ("softmax", "scaled_dot_product_attention", "causal_mask")
+UNWRITTEN = "padding_mask"
 
 
 def _wall(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, check: bool = True) -> float:
@@ -152,6 +163,115 @@ def stage01_class(root: Path, n: int, seed: int) -> list[str]:
         (folder / f"{STAGE}.ipynb").write_text(text)
         kinds.append(kind)
     return kinds
+
+
+def _parsable(source: str) -> str:
+    """``source`` with its IPython lines (``%magic``, ``!shell``) commented out: the line
+    numbers of what Python parses are the cell's."""
+    return "\n".join("#" + line if line.lstrip()[:1] in ("%", "!") else line for line in source.split("\n"))
+
+
+def _unwrite(nb: Any, name: str) -> bool:
+    """Leave the top-level function ``name`` of ``nb`` unwritten, as the template has it:
+    its definition (the student's own parameters) with the body ``# YOUR CODE HERE`` /
+    ``raise NotImplementedError("not implemented yet")``. False if no cell defines it."""
+    import ast
+
+    for cell in nb.cells:
+        if cell.cell_type != "code" or f"def {name}" not in cell.source:
+            continue
+        try:
+            tree = ast.parse(_parsable(cell.source))
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name == name:
+                lines = cell.source.split("\n")
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
+                params = ", ".join(a.arg for a in node.args.args)
+                stub = [
+                    f"def {name}({params}):",
+                    "    # YOUR CODE HERE",
+                    '    raise NotImplementedError("not implemented yet")',
+                ]
+                cell.source = "\n".join(lines[:first] + stub + lines[node.end_lineno :])
+                return True
+    return False
+
+
+def _writes(nb: Any, names: tuple[str, ...]) -> bool:
+    """Whether each of ``names`` is defined in ``nb``, none of them raising NotImplementedError."""
+    import ast
+
+    bodies: dict[str, str] = {}
+    for cell in nb.cells:
+        if cell.cell_type != "code" or "skip-grading" in cell.metadata.get("tags", []):
+            continue
+        try:
+            tree = ast.parse(_parsable(cell.source))
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name in names:
+                bodies[node.name] = ast.unparse(node)
+    return all(n in bodies and "NotImplementedError" not in bodies[n] for n in names)
+
+
+def failing01_class(root: Path, n: int, seed: int) -> list[str]:
+    """``n`` students, each a stage-01 notebook that loses points: an example student's
+    real mistake in ``MISTAKEN`` (the pool: those losing points on one of them, who write
+    all three; the origins drawn in turn, shuffled by ``seed``), with ``UNWRITTEN`` left
+    unwritten and ``!`` lines commented out (nbgrader's kernel would run them). Returns
+    their kinds, ``failing:WHO``."""
+    import nbformat
+
+    from autograder.runtime.submission import Submission
+    from benchmarks.bench_class import EXPECTED, HANGING, _notebook
+
+    promised = json.loads((EXPECTED / f"{STAGE}.json").read_text())["students"]
+    pool = []
+    for who, e in sorted(promised.items()):
+        if who == HANGING[0] or not set(e["losing"]) & set(MISTAKEN):
+            continue
+        f = Submission(EXAMPLES / who).file(STAGE)
+        if f is not None and _writes(_notebook(f), MISTAKEN):
+            pool.append((who, f))
+    rng = random.Random(seed)
+    order: list[tuple[str, Path]] = []
+    kinds = []
+    width = len(str(n))
+    for i in range(n):
+        if not order:
+            order = pool[:]
+            rng.shuffle(order)
+        who, f = order.pop()
+        nb = _notebook(f)
+        if not _unwrite(nb, UNWRITTEN):
+            raise RuntimeError(f"{who}'s {STAGE} defines no {UNWRITTEN}")
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                cell.source = "\n".join(
+                    "# " + line if line.lstrip().startswith("!") else line for line in cell.source.split("\n")
+                )
+        folder = root / f"s{i:0{width}d}"
+        folder.mkdir(parents=True)
+        nbformat.write(nb, folder / f"{STAGE}.ipynb")
+        kinds.append(f"failing:{who}")
+    return kinds
+
+
+def class_scores(db: Path) -> dict[str, Any]:
+    """A graded class's scores, from its gradebook: how many at full marks, the mean."""
+    from autograder.grader.batch import Gradebook
+
+    with Gradebook(db) as book:
+        rows = book.rows()
+    return {
+        "notebooks": len(rows),
+        "full_marks": sum(r["score"] >= r["max_score"] > 0 for r in rows),
+        "mean_score": statistics.fmean(r["score"] for r in rows) if rows else 0.0,
+        "max_score": max((r["max_score"] for r in rows), default=0.0),
+    }
 
 
 # -- Gradescope ----------------------------------------------------------------------------
@@ -275,6 +395,11 @@ def one_round(trees: list[Tree], work: Path, subs: dict[str, Path], args: argpar
         # threads importing IPython at once could fail a notebook): timed all the same
         seconds = _wall(cmd, work, env, check=tree.name == "this")
         tree.add(f"batch, {args.class_size} stage-01 notebooks", seconds)
+        db = work / f"{tree.name}-failing.sqlite"
+        db.unlink(missing_ok=True)
+        cmd = [PYTHON, "-m", "autograder", "batch", str(subs["failing40"]), "--db", str(db)]
+        seconds = _wall(cmd, work, env, check=tree.name == "this")
+        tree.add(f"batch, {args.class_size} failing stage-01 notebooks", seconds)
 
 
 # -- where the time goes ---------------------------------------------------------------------
@@ -416,10 +541,12 @@ def batch_phases(tree: Path, class_dir: Path, db: Path) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def profile(tree: Path, sub: Path, work: Path, nine: Path, class_dir: Path) -> dict[str, Any]:
+def profile(
+    tree: Path, sub: Path, work: Path, nine: Path, class_dir: Path, failing_dir: Path | None = None
+) -> dict[str, Any]:
     """The fork server's start alone; the parent's imports; a cProfile of the CLI; a cold
     grade's phases, of one stage-01 submission and of the nine stages; the class of
-    stage-01 notebooks graded by batch, in its phases."""
+    stage-01 notebooks graded by batch, in its phases, and the failing class likewise."""
     env = {**os.environ, **_tree_env(tree)}
     code = (
         "import time; t = time.perf_counter()\n"
@@ -471,6 +598,15 @@ def profile(tree: Path, sub: Path, work: Path, nine: Path, class_dir: Path) -> d
         "phases, one stage-01 submission": phases(tree, sub),
         "phases, nine stages": phases(tree, nine),
         "phases, batch of the class": batch_phases(tree, class_dir, work / f"phases-{tree.name}.sqlite"),
+        **(
+            {
+                "phases, batch of the failing class": batch_phases(
+                    tree, failing_dir, work / f"phases-failing-{tree.name}.sqlite"
+                )
+            }
+            if failing_dir is not None
+            else {}
+        ),
         "server_launch_s": importing,
         "server_warm_up_s": warm,
         "server_self_test_s": self_test,
@@ -482,7 +618,9 @@ def profile(tree: Path, sub: Path, work: Path, nine: Path, class_dir: Path) -> d
 # -- report ---------------------------------------------------------------------------------
 
 
-def verdicts(tree: Tree, args: argparse.Namespace, nbgrader_s: float | None) -> list[tuple[str, str, str]]:
+def verdicts(
+    tree: Tree, args: argparse.Namespace, nbgrader_s: float | None, nbgrader_failing_s: float | None = None
+) -> list[tuple[str, str, str]]:
     out = []
     torch_s = tree.median("import torch")
 
@@ -506,6 +644,16 @@ def verdicts(tree: Tree, args: argparse.Namespace, nbgrader_s: float | None) -> 
         ratio = nbgrader_s / tree.median(f"batch, {args.class_size} stage-01 notebooks")
         out.append(
             verdict(f"batch ≥ 25× nbgrader ({args.class_size} stage-01 notebooks)", ratio, 25.0, False)
+        )
+    if nbgrader_failing_s is not None:
+        ratio = nbgrader_failing_s / tree.median(f"batch, {args.class_size} failing stage-01 notebooks")
+        out.append(
+            verdict(
+                f"batch ≥ 25× nbgrader ({args.class_size} failing stage-01 notebooks)",
+                ratio,
+                TARGETS["nbgrader"],
+                False,
+            )
         )
     return out
 
@@ -573,6 +721,17 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  {args.class_size} stage-01 notebooks: {counts}; nine stages: {', '.join(stages)}", flush=True
         )
+        failing_kinds = failing01_class(work / "failing40", args.class_size, args.seed)
+        subs["failing40"] = work / "failing40"
+        origins: dict[str, int] = {}
+        for k in failing_kinds:
+            origins[k.split(":")[1]] = origins.get(k.split(":")[1], 0) + 1
+        figures["failing_class"] = origins
+        print(
+            f"  {args.class_size} failing stage-01 notebooks ({UNWRITTEN} unwritten in each), mistakes of: "
+            f"{origins}",
+            flush=True,
+        )
         for tree in trees:
             tree.zip01 = build_zip(tree.path, work / f"{tree.name}-01.zip", [STAGE])
             tree.zip_all = build_zip(tree.path, work / f"{tree.name}-nine.zip", stages)
@@ -582,24 +741,41 @@ def main(argv: list[str] | None = None) -> int:
             one_round(trees, work, subs, args)
             print(f"  round {r + 1}/{args.repeat}: {time.perf_counter() - t:.0f} s", flush=True)
 
-        nbgrader_s = None
+        graded = class_scores(work / "this-failing.sqlite")
+        figures["failing_class_scores"] = graded
+        print(
+            f"  the failing class, as batch graded it: {graded['full_marks']} of {graded['notebooks']} "
+            f"at full marks, mean {graded['mean_score']:.2f} / {graded['max_score']:g}",
+            flush=True,
+        )
+
+        nbgrader_s = nbgrader_failing_s = None
         if not args.skip_nbgrader:
             from benchmarks.bench_class import nbgrader_sample
 
-            sample = [(p.name, STAGE) for p in sorted((work / "class40").iterdir())]
-            t = time.perf_counter()
-            nbg = nbgrader_sample(work / "class40", sample, work / "nbgrader-course")
-            nbgrader_s = nbg["seconds"]
-            figures["nbgrader"] = nbg
-            print(
-                f"  nbgrader autograde: {nbg['notebooks']} notebooks in {nbgrader_s:.1f} s "
-                f"({nbg['autograded']} autograded; {time.perf_counter() - t:.0f} s with its course)",
-                flush=True,
-            )
+            for which in ("class40", "failing40"):
+                sample = [(p.name, STAGE) for p in sorted((work / which).iterdir())]
+                t = time.perf_counter()
+                nbg = nbgrader_sample(work / which, sample, work / f"nbgrader-course-{which}")
+                if which == "class40":
+                    nbgrader_s = nbg["seconds"]
+                    figures["nbgrader"] = nbg
+                else:
+                    nbgrader_failing_s = nbg["seconds"]
+                    figures["nbgrader_failing"] = nbg
+                print(
+                    f"  nbgrader autograde{', failing class' if which == 'failing40' else ''}: "
+                    f"{nbg['notebooks']} notebooks in {nbg['seconds']:.1f} s "
+                    f"({nbg['autograded']} autograded; {time.perf_counter() - t:.0f} s with its course)",
+                    flush=True,
+                )
         nbformat_s = statistics.median(_wall([PYTHON, "-c", "import nbformat"], work) for _ in range(3))
         figures["import nbformat (this venv)"] = nbformat_s
         for tree in trees:
-            figures[tree.name] = {"verdicts": verdicts(tree, args, nbgrader_s), "samples": tree.samples}
+            figures[tree.name] = {
+                "verdicts": verdicts(tree, args, nbgrader_s, nbgrader_failing_s),
+                "samples": tree.samples,
+            }
         args.json.parent.mkdir(parents=True, exist_ok=True)  # the rounds kept, should a profile fail
         args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
         # a target not met: where the time goes (this tree's; every tree's with --profile)
@@ -611,13 +787,18 @@ def main(argv: list[str] | None = None) -> int:
         ]
         if profiled:
             figures["profile"] = {
-                t.name: profile(t.path, subs["cli"], work, subs["nine"], subs["class40"]) for t in profiled
+                t.name: profile(t.path, subs["cli"], work, subs["nine"], subs["class40"], subs["failing40"])
+                for t in profiled
             }
         figures["load average (1, 5, 15 min), start and end"] = [load_at_start, list(os.getloadavg())]
 
     rows = []
     names = list(trees[0].samples)
-    w = max(len(n) for n in names) + 2
+    extra = [
+        "nbgrader autograde, the same failing notebooks",
+        "import nbformat (this venv; no grader imports it)",
+    ]
+    w = max(len(n) for n in names + extra) + 2
     head = "".join(f"{t.name:>12}" for t in trees)
     print(f"\n{'figure (median, s)':{w}}{head}   runs ({trees[0].name})")
     for name in names:
@@ -630,6 +811,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(name)
     if nbgrader_s is not None:
         print(f"{'nbgrader autograde, the same notebooks':{w}}{nbgrader_s:>12.2f}")
+    if nbgrader_failing_s is not None:
+        print(f"{'nbgrader autograde, the same failing notebooks':{w}}{nbgrader_failing_s:>12.2f}")
     print(f"{'import nbformat (this venv; no grader imports it)':{w}}{nbformat_s:>12.2f}")
     for tree in trees:
         print(f"\ntarget ({tree.name})")
@@ -664,19 +847,25 @@ def main(argv: list[str] | None = None) -> int:
                     " batch per student)"
                 )
                 _slack(2 * per_student[0], max(floor, path), ph["total"])
-        ph = prof["phases, batch of the class"]
-        print(f"\nwhere batch of the {args.class_size} stage-01 notebooks goes ({name}), s:")
-        for key, value in ph.items():
-            print(f"  {key:40} {value:7.2f}" if key != "children" else f"  {key:40} {value:7d}")
-        cpu = ph["cpu: this process"] + ph["cpu: server and children"]
-        floor = cpu / (os.cpu_count() or 1)
-        print(f"  {'CPU floor: cpu seconds / ' + str(os.cpu_count()) + ' cores':40} {floor:7.2f}")
-        if nbgrader_s is not None:
-            print(
-                f"  {'nbgrader / 25 (the target)':40} {nbgrader_s / 25:7.2f}"
-                f"   (the floor is {nbgrader_s / floor:.1f}x nbgrader)"
-            )
-            _slack(nbgrader_s / 25, floor, ph["total"])
+        for which, label, nbg_s in (
+            ("phases, batch of the class", "stage-01 notebooks", nbgrader_s),
+            ("phases, batch of the failing class", "failing stage-01 notebooks", nbgrader_failing_s),
+        ):
+            if which not in prof:
+                continue
+            ph = prof[which]
+            print(f"\nwhere batch of the {args.class_size} {label} goes ({name}), s:")
+            for key, value in ph.items():
+                print(f"  {key:40} {value:7.2f}" if key != "children" else f"  {key:40} {value:7d}")
+            cpu = ph["cpu: this process"] + ph["cpu: server and children"]
+            floor = cpu / (os.cpu_count() or 1)
+            print(f"  {'CPU floor: cpu seconds / ' + str(os.cpu_count()) + ' cores':40} {floor:7.2f}")
+            if nbg_s is not None:
+                print(
+                    f"  {'nbgrader / 25 (the target)':40} {nbg_s / 25:7.2f}"
+                    f"   (the floor is {nbg_s / floor:.1f}x nbgrader)"
+                )
+                _slack(nbg_s / 25, floor, ph["total"])
         print(f"\nwhere a cold CLI grade goes ({name}):")
         print(
             f"  fork server alone: launch {prof['server_launch_s']:.2f} s, imports and warm-up "
