@@ -59,6 +59,18 @@ def test_stored_values_are_the_references_own(store):
         )
     assert [c.to_json() for c in stored.calls] == [c.to_json() for c in computed.calls]
     assert stored.inputs_file == computed.inputs_file and stored.hidden_file == computed.hidden_file
+    # the small inputs' values and every named mistake's outputs are stored too, bit for bit
+    assert [c.to_json() for c in stored.rung_calls] == [c.to_json() for c in computed.rung_calls]
+    assert stored.rung_file == computed.rung_file
+    cases = list(zip([*stored.cases, *stored.rungs], [*computed.cases, *computed.rungs], strict=True))
+    assert len(cases) > len(stored.cases)
+    for a, b in cases:
+        assert a.expectation.variants.computed  # read, not computed
+        ours, theirs = list(a.expectation.variants), list(b.expectation.variants)
+        assert [m for m, _ in ours] == [m for m, _ in theirs]
+        for (_, x), (_, y) in zip(ours, theirs, strict=True):
+            assert all(expected.same_bits(u, v) for u, v in zip(x, y, strict=True))
+    assert sum(len(pc.expectation.variants) for pc in stored.cases) > 0
     # a fresh file is kept, not computed again
     assert expected.build(store, [STAGE]) == {STAGE: "kept"}
 
@@ -95,14 +107,20 @@ def test_a_stale_or_damaged_store_is_never_used(store, tmp_path, change, why):
     assert expected.plan(load_spec(STAGE), "cpu", copy)[1] is None
 
 
-def test_an_install_checks_shipped_values_against_its_own_reference(store, tmp_path):
+@pytest.mark.parametrize("which", ["an expected value", "a named mistake's output"])
+def test_an_install_checks_shipped_values_against_its_own_reference(store, tmp_path, which):
     # what setup.sh does to the zip's store on Gradescope's machine (install.sh: --verify)
     copy = tmp_path / "expected"
     shutil.copytree(store, copy)
     assert expected.build(copy, [STAGE], verify=True) == {STAGE: "verified"}
+    variant = which != "an expected value"
 
     def nudge(meta, tensors):  # one value off by its last bit, the key and inputs untouched
-        name = next(k for k, t in sorted(tensors.items()) if t.is_floating_point() and t.numel())
+        name = next(
+            k
+            for k, t in sorted(tensors.items())
+            if t.is_floating_point() and t.numel() and (".v" in k) == variant
+        )
         t = tensors[name].clone()
         t.view(-1)[0] = torch.nextafter(t.view(-1)[0], torch.tensor(float("inf"), dtype=t.dtype))
         tensors[name] = t
@@ -147,6 +165,29 @@ def test_grades_are_the_same_from_the_store(store, tmp_path):
         assert stored.recomputed == {} and computed.recomputed == {}
     assert stage_record(a.stages[0]) == stage_record(b.stages[0])
     assert a.score == b.score == 8.25  # examples/class/README.md
+
+
+def test_a_failing_student_graded_from_the_store_runs_no_reference(store, tmp_path, monkeypatch):
+    """Everything derived from the reference is in the store: the expected values, the small
+    inputs' and every named mistake's outputs. A grader's first failing student (named
+    mistakes, counterexamples) runs none of it, and is graded as one that computes it all."""
+    from autograder.grader import plan as planning
+
+    sub = tmp_path / "gus"
+    sub.mkdir()
+    shutil.copy(EXAMPLES / "gus_unstable_softmax" / f"{STAGE}.ipynb", sub)
+    with Grader(expected_dir=None) as computed:
+        b = computed.grade(sub, [STAGE])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the reference ran while grading from the store")
+
+    monkeypatch.setattr(planning, "run_trusted", refuse)
+    with Grader(expected_dir=store) as stored:
+        a = stored.grade(sub, [STAGE])
+    assert stage_record(a.stages[0]) == stage_record(b.stages[0])
+    assert any(t.misconceptions for t in a.stages[0].tests)
+    assert any(t.counterexample for t in a.stages[0].tests)
 
 
 def test_a_grader_says_why_it_computed_values(tmp_path):

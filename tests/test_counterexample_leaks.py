@@ -1,8 +1,10 @@
 """A counterexample never carries a hidden value (issue 20): attacked by a hostile submission.
 
-The counterexample search runs the student's code once more, on public small inputs, and
-shows what it returned: a child that had received hidden inputs could return those instead.
-So it runs in a fresh job, and a job can leave nothing a later job can read. This hostile
+The counterexample search runs the student's code on public small inputs and shows what it
+returned: a child that had received hidden inputs could return those instead. So it runs in
+the grading child before that child is given any hidden input (a name failing a public
+case), or in a fresh job (a name failing hidden cases only), and a job can leave nothing a
+later job can read. This hostile
 stage-01 submission stashes every input it receives in every place that might outlive a
 job (files in /tmp, /var/tmp, /dev/shm, HOME and its work dir, a System V shared memory
 segment, the session, user and user-session keyrings) and, from its second call on,
@@ -11,7 +13,7 @@ counterexample's "yours"), or an error quoting the stash (its "what differs").
 
 Within one job the stash works (the counterexample of a later name quotes the small inputs
 of earlier names: this test can fail); across jobs it must carry nothing: every input the
-counterexamples quote is a small input, and no output a student sees (the results file,
+counterexamples quote is a small input or a public case's, and no output a student sees (the results file,
 the HTML feedback, Gradescope's results) holds a fingerprint of a hidden case
 (``tests/test_hidden_leaks.py``'s: input hashes, first values, labels, expected values).
 """
@@ -27,7 +29,7 @@ import torch
 
 from autograder.runtime.results import counterexample_text
 from autograder.stages import load_spec
-from autograder.stages.spec import small_cases
+from autograder.stages.spec import build_case, small_cases
 from tests.support import write_py
 from tests.test_hidden_leaks import STAGE, _found, secrets  # noqa: F401  (secrets: a fixture)
 
@@ -171,18 +173,34 @@ def causal_mask(L):
 STASHED = re.compile(r"STASHPROBE<([0-9a-f]{24})>")
 
 
-def _small_hashes() -> set[str]:
-    """The hashes the hostile code writes of the small inputs it may receive."""
-    spec = load_spec(STAGE)
+def _hashes(name: str, args: tuple) -> set[str]:
+    """The hashes the hostile code writes of a call's inputs."""
     out = set()
-    for g in spec.graded:
-        for sc in small_cases(spec, g):
-            for arg in sc.data.args:
-                if g.name == "padding_mask":
-                    arg = torch.as_tensor(arg)
-                if isinstance(arg, torch.Tensor):
-                    out.add(hashlib.sha256(arg.detach().contiguous().numpy().tobytes()).hexdigest()[:24])
+    for arg in args:
+        if name == "padding_mask":
+            arg = torch.as_tensor(arg)
+        if isinstance(arg, torch.Tensor):
+            out.add(hashlib.sha256(arg.detach().contiguous().numpy().tobytes()).hexdigest()[:24])
     return out
+
+
+def _small_hashes() -> set[str]:
+    """Of the small inputs it may receive."""
+    spec = load_spec(STAGE)
+    return {h for g in spec.graded for sc in small_cases(spec, g) for h in _hashes(g.name, sc.data.args)}
+
+
+def _public_hashes() -> set[str]:
+    """Of the public cases' inputs (the grading child's calls before the small inputs)."""
+    spec = load_spec(STAGE)
+    return {
+        h
+        for g in spec.graded
+        for t in g.tests
+        if not t.hidden
+        for c in t.cases
+        for h in _hashes(g.name, build_case(spec, g, t, c).args)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -221,16 +239,17 @@ def test_the_stash_works_within_a_job(graded):
     assert any(STASHED.search(text) for text in texts)
 
 
-def test_a_counterexample_quotes_small_inputs_only(graded):
-    """Every stashed input a counterexample quotes is a small input of its own search: none
-    comes from the grading run (public or hidden), which ran in another job."""
+def test_a_counterexample_quotes_public_inputs_only(graded):
+    """Every stashed input a counterexample quotes is a small input or a public case's (the
+    grading child's calls before its small inputs): none is a hidden case's, which reached
+    that child only after its search, or another job."""
     result, _ = graded
-    small = _small_hashes()
+    public = _small_hashes() | _public_hashes()
     quoted = set()
     for t in result.stages[0].tests:
         if t.counterexample:
             quoted |= set(STASHED.findall(counterexample_text(t.counterexample)))
-    assert quoted and quoted <= small, sorted(quoted - small)[:5]
+    assert quoted and quoted <= public, sorted(quoted - public)[:5]
 
 
 @pytest.mark.parametrize(

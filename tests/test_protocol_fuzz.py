@@ -109,7 +109,11 @@ STEPS: dict[str, tuple[str, str] | None] = {
     "public_call": ("padding_mask", "lengths.tolist() in ([3, 1, 5], [2])"),  # its public cases
     "last_public_call": ("causal_mask", "L == 4"),  # the last public call of the plan
     "hidden_call": ("padding_mask", "lengths.tolist() not in ([3, 1, 5], [2])"),  # its hidden cases
+    # its small inputs (L = 1, 2, 3), which the grading child runs because the name fails a
+    # public case (L = 4, made wrong: ``WRONG``), before it is given the hidden inputs
+    "small_input": ("causal_mask", "L in (2, 3)"),
 }
+WRONG = {"small_input": "L == 4"}
 
 
 def _notebook(act: str, step: str) -> list[str]:
@@ -125,9 +129,12 @@ def _notebook(act: str, step: str) -> list[str]:
         def {name}(*args, **kwargs):
             def _when({params}):
                 return {when}
+            def _wrong({params}):
+                return {WRONG.get(step, "False")}
             if _when(*args, **kwargs):
                 _act({act!r})
-            return _honest_{name}(*args, **kwargs)
+            out = _honest_{name}(*args, **kwargs)
+            return ~out if _wrong(*args, **kwargs) else out
         """
     )
     return [ACTS + HONEST, wrap]
@@ -135,6 +142,20 @@ def _notebook(act: str, step: str) -> list[str]:
 
 def _points(act: str, step: str) -> dict[str, float]:
     """What each act at each step should cost (scores per graded name)."""
+    if step == "small_input":
+        # a small input earns nothing: the grading child's act there costs its one wrong
+        # public case (L = 4, of a test with partial credit) and no more, as a crash or a
+        # hang of that input stops its name's small inputs, not its graded calls; the
+        # go-ahead closed, no hidden call is made (as at any step before the hidden calls)
+        lost = FULL["causal_mask"] - 0.5
+        return (
+            {**PUBLIC, "causal_mask": PUBLIC["causal_mask"] - 0.5}
+            if act == "close_go_ahead"
+            else {
+                **FULL,
+                "causal_mask": lost,
+            }
+        )
     if act == "close_go_ahead":
         # Closed before the go-ahead, it is found when the go-ahead is given (the parent's
         # write fails, or the child's read where its box's keeper holds the pipe too): no call
