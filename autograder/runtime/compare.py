@@ -164,8 +164,26 @@ def matches(got: Tensor, candidate: Tensor, tol: Tolerance, region: Tensor | Non
     got, candidate = got.detach().cpu(), candidate.detach().cpu()
     if got.shape != candidate.shape or got.dtype != candidate.dtype:
         return False
-    keep = _region(region, candidate.shape)
+    keep = None if region is None else _region(region, candidate.shape)
+    n = candidate.numel()
+    if n > 4 * _PROBE:
+        # A failing case is held against every named mistake's outputs, most of which it is
+        # not: a spread of its values settles most of them first (03's 8 MB tables: a failing
+        # stage 3x the time of a passing one, all of it here). A value that differs there
+        # differs in the whole; values that agree there decide nothing.
+        step = n // _PROBE
+        probe = None if keep is None else keep.reshape(-1)[::step]
+        if not _all_close(got.reshape(-1)[::step], candidate.reshape(-1)[::step], tol, probe):
+            return False
+    return _all_close(got, candidate, tol, keep)
+
+
+_PROBE = 1024  # values ``matches`` looks at first, in a tensor of more than four times as many
+
+
+def _all_close(got: Tensor, candidate: Tensor, tol: Tolerance, keep: Tensor | None) -> bool:
     if not candidate.is_floating_point():
-        return bool(((got == candidate) | ~keep).all())
-    close = torch.isclose(got.double(), candidate.double(), tol.rtol, tol.atol, equal_nan=True)
-    return bool((close | ~keep).all())
+        same = got == candidate
+    else:
+        same = torch.isclose(got.double(), candidate.double(), tol.rtol, tol.atol, equal_nan=True)
+    return bool((same if keep is None else same | ~keep).all())
