@@ -95,9 +95,10 @@ FAIL_MIX = {"mistake": 0.45, "losing": 0.15, "unfinished": 0.30, "broken": 0.10}
 # --classes: mix (MIX, one hanging student), correct (every notebook passes), failing
 CLASSES = ("mix", "correct", "failing")
 TARGETS = {
-    "nbgrader": 20.0,
+    "nbgrader": 50.0,  # the mix, 200 students x 11 stages (issue 27: kept from issue 21)
+    "nbgrader_failing": 25.0,  # every notebook failing or unfinished (issue 27)
     "floor": 1.5,
-    "rss_gib": 4.0,
+    "rss_gib": 2.0,
     "selfcheck_s": 1.0,
     "selfcheck_median_s": 0.2,
     "failing_over_correct": 1.3,
@@ -1305,14 +1306,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"each counted at nbgrader's {nbg['cell_timeout_s']} s cell limit",
                 )
             )
-        verdicts.append(
-            ("≥ 20× nbgrader", f"{ratio:.1f}x", "PASS" if ratio >= TARGETS["nbgrader"] else "MISS")
-        )
+        target = TARGETS["nbgrader" if primary == "mix" else "nbgrader_failing"]
+        verdicts.append((f"≥ {target:g}× nbgrader", f"{ratio:.1f}x", "PASS" if ratio >= target else "MISS"))
         verdicts.append(
             (
                 "  the same, demos not run",
                 f"{graded_only / per_nb:.1f}x",
-                "PASS" if graded_only / per_nb >= TARGETS["nbgrader"] else "MISS",
+                "PASS" if graded_only / per_nb >= target else "MISS",
             )
         )
     if floor:
@@ -1406,11 +1406,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"demos not run: {n_graded / f_per_nb:.1f}x",
                 )
             )
+            target = TARGETS["nbgrader" if which == "mix" else "nbgrader_failing"]
             for label, value in (
-                (f"≥ 20× nbgrader ({which} class)", n_per / f_per_nb),
+                (f"≥ {target:g}× nbgrader ({which} class)", n_per / f_per_nb),
                 ("  the same, demos not run", n_graded / f_per_nb),
             ):
-                verdicts.append((label, f"{value:.1f}x", "PASS" if value >= TARGETS["nbgrader"] else "MISS"))
+                verdicts.append((label, f"{value:.1f}x", "PASS" if value >= target else "MISS"))
     versus = None
     if "correct" in graded and "failing" in graded:
         versus = failing_vs_correct(graded["correct"], graded["failing"])
