@@ -1343,7 +1343,7 @@ def main(argv: list[str] | None = None) -> int:
     rss_note = f"{_mib(ours.peak_rss)} at {ours.workers} workers"
     verdicts.append(
         (
-            "RSS < 4 GiB, 2 workers",
+            f"RSS ≤ {TARGETS['rss_gib']:g} GiB, {ours.workers} workers",
             rss_note,
             ("PASS" if ours.peak_rss < TARGETS["rss_gib"] * 2**30 else "MISS")
             if ours.workers == 2
