@@ -89,7 +89,7 @@ def _rewrite(path: Path, change) -> None:
     [
         (lambda meta, t: meta.update(key="0" * 64), "other code, libraries or machine"),
         (lambda meta, t: meta.update(inputs="0" * 64), "other inputs"),
-        (lambda meta, t: meta.update(outputs=meta["outputs"][:-1]), "cases"),
+        (lambda meta, t: meta.update(outputs=meta["outputs"][: meta["graded"] - 1]), "cases"),
         (lambda meta, t: meta.update(stage="02_multihead"), "is not a store file"),
         (lambda meta, t: t.clear(), "cannot be read"),
     ],
@@ -105,6 +105,30 @@ def test_a_stale_or_damaged_store_is_never_used(store, tmp_path, change, why):
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert expected.build(copy, [STAGE]) == {STAGE: "computed"}  # and rebuilding mends it
     assert expected.plan(load_spec(STAGE), "cpu", copy)[1] is None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda meta, t: meta.update(small_inputs="0" * 64),
+        lambda meta, t: meta.update(outputs=meta["outputs"][:-1]),
+    ],
+)
+def test_stale_small_inputs_are_computed_when_first_needed(store, tmp_path, change):
+    """The small inputs' stored values are checked when a failing submission first needs
+    them (a passing class never makes them): computed from other inputs, or missing, they
+    are not used; the reference runs on each instead."""
+    copy = tmp_path / "expected"
+    shutil.copytree(store, copy)
+    _rewrite(expected.path_for(copy, STAGE), change)
+    planned, why = expected.plan(load_spec(STAGE), "cpu", copy)
+    assert why is None  # the graded cases' values are fresh
+    computed = StagePlan.build(load_spec(STAGE), "cpu")
+    assert planned.rungs and not any(pc.expectation.variants.computed for pc in planned.rungs)
+    for a, b in zip(planned.rungs, computed.rungs, strict=True):
+        assert all(
+            expected.same_bits(x, y) for x, y in zip(a.expectation.values, b.expectation.values, strict=True)
+        )
 
 
 @pytest.mark.parametrize("which", ["an expected value", "a named mistake's output"])

@@ -98,9 +98,7 @@ class Search:
         self.plan = plan
         self.names = None if names is None else set(names)
         self.budget_s = budget_s
-        call_s = rung_call_s(plan.spec, call_s)
-        self.calls = [dataclasses.replace(c, call_s=call_s) for c in plan.rung_calls]
-        self._calls = {c.index: c for c in self.calls}
+        self._call_s = rung_call_s(plan.spec, call_s)
         self.checked: dict[int, CaseResult] = {}
         self.picks: dict[str, Pick] = {}
         self._rungs: dict[str, list[PlannedCase]] = {}  # each searched name's, smallest first
@@ -109,6 +107,16 @@ class Search:
         self._at = 0
         self._since: float | None = None
         self.spent_s = 0.0
+
+    @cached_property
+    def calls(self) -> list[Planned]:
+        """The small inputs' calls, each held to its own limit (the plan makes them when first
+        asked for: a submission that fails no public case never needs them)."""
+        return [dataclasses.replace(c, call_s=self._call_s) for c in self.plan.rung_calls]
+
+    @cached_property
+    def _calls(self) -> dict[int, Planned]:
+        return {c.index: c for c in self.calls}
 
     @property
     def inputs(self) -> bytes:
@@ -148,7 +156,7 @@ class Search:
                 self.checked[pc.index] = result
                 if not result.passed and o.status not in NOT_A_COUNTEREXAMPLE:
                     names.add(pc.graded.name)
-        for pc in self.plan.rungs:
+        for pc in self.plan.rungs if names else ():
             if pc.graded.name in names:
                 self._rungs.setdefault(pc.graded.name, []).append(pc)
         self.picks = {name: Pick(hints) for name in self._rungs}

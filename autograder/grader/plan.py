@@ -61,6 +61,7 @@ def _on(value: Any, device: str) -> Any:
 # from between the seed and the sample: the variant's tokens, and so the named mistake,
 # changed with what else the process was doing.
 _TRUSTED = threading.RLock()
+_SMALL = threading.Lock()  # a plan's small inputs are made once, whichever thread asks first
 
 
 def run_trusted(
@@ -247,12 +248,34 @@ class StagePlan:
     calls: list[Planned]  # public calls first, then hidden ones (each group in spec order)
     inputs: dict[str, Tensor]  # the public calls' inputs
     hidden_inputs: dict[str, Tensor] = field(default_factory=dict)
-    # Every graded name's small inputs (``spec.small_cases``), numbered after the graded
-    # cases: public, never scored, run only to find a failing name's counterexample
+    # Makes every graded name's small inputs (``spec.small_cases``), numbered after the
+    # graded cases: public, never scored, run only to find a failing name's counterexample
     # (``grader/counterexample.py``), unwatched (no forbidden calls: they earn nothing).
-    rungs: list[PlannedCase] = field(default_factory=list)
-    rung_calls: list[Planned] = field(default_factory=list)
-    rung_inputs: dict[str, Tensor] = field(default_factory=dict)
+    # Made when first asked for (``rungs``): a cold grade of passing code never builds them.
+    small: Any = field(default=None, repr=False)
+
+    @property
+    def _small(self) -> tuple[list[PlannedCase], list[Planned], dict[str, Tensor]]:
+        made = self.__dict__.get("_small_made")
+        if made is None:
+            with _SMALL:
+                made = self.__dict__.get("_small_made")
+                if made is None:
+                    made = self.small() if self.small is not None else ([], [], {})
+                    self.__dict__["_small_made"] = made
+        return made
+
+    @property
+    def rungs(self) -> list[PlannedCase]:
+        return self._small[0]
+
+    @property
+    def rung_calls(self) -> list[Planned]:
+        return self._small[1]
+
+    @property
+    def rung_inputs(self) -> dict[str, Tensor]:
+        return self._small[2]
 
     @cached_property
     def inputs_file(self) -> bytes:
@@ -300,15 +323,17 @@ class StagePlan:
         cases, items = [], []
         index = 0
 
-        def planned(graded: Graded, test: Test, case: Case, data: CaseData, rung: Rung | None) -> PlannedCase:
+        def planned(
+            graded: Graded, test: Test, case: Case, data: CaseData, rung: Rung | None, use_stored: bool = True
+        ) -> PlannedCase:
             expected = (
                 list(stored[index])
-                if stored is not None
+                if stored is not None and use_stored
                 else run_trusted(graded.reference, graded, data, device, spec)
             )
             # float32 intermediates show only in float outputs (tokens, masks: none)
             lower = test.dtype == torch.float64 and any(v.is_floating_point() for v in expected)
-            kept = None if stored_variants is None else stored_variants.get(index)
+            kept = None if stored_variants is None or not use_stored else stored_variants.get(index)
             variants = LazyVariants(graded, data, device, spec, lower=lower, stored=kept)
             regions = graded.graded_region(data) if graded.graded_region else (None,) * len(graded.outputs)
             has_tensor = any(isinstance(a, Tensor) for a in (*data.args, *data.kwargs.values()))
@@ -339,22 +364,29 @@ class StagePlan:
                     cases.append(planned(graded, test, case, data, None))
                     items.append((index, _data_dict(data), test.hidden))
                     index += 1
-        rungs = []
-        for graded in spec.graded if small else ():
-            for test, rung in small_tests(spec, graded):
-                rungs.append(planned(graded, test, test.cases[0], rung.data, rung))
-                items.append((index, _data_dict(rung.data), None))
-                index += 1
         # the kinds of input travel apart: a child gets the hidden ones only after it has
         # answered every public case (runner.run_submission), the small ones only if asked
-        skeletons, inputs = encode_inputs([(i, d) for i, d, h in items if h is False])
+        skeletons, inputs = encode_inputs([(i, d) for i, d, h in items if not h])
         hidden_skeletons, hidden_inputs = encode_inputs([(i, d) for i, d, h in items if h])
-        rung_skeletons, rung_inputs = encode_inputs([(i, d) for i, d, h in items if h is None])
-        skeletons |= hidden_skeletons | rung_skeletons
+        skeletons |= hidden_skeletons
         calls = [_call(pc, skeletons[pc.index], pc.graded.forbidden) for pc in cases]
         calls.sort(key=lambda c: c.hidden)  # stable: spec order within each kind
-        rung_calls = [_call(pc, skeletons[pc.index], ()) for pc in rungs]
-        return cls(spec, device, cases, calls, inputs, hidden_inputs, rungs, rung_calls, rung_inputs)
+        first = index
+
+        def make_small(use_stored: bool = True) -> tuple[list[PlannedCase], list[Planned], dict[str, Tensor]]:
+            """``use_stored``: False runs the reference on each even where stored values were given."""
+            nonlocal index
+            index, rungs, data = first, [], []
+            for graded in spec.graded:
+                for test, rung in small_tests(spec, graded):
+                    rungs.append(planned(graded, test, test.cases[0], rung.data, rung, use_stored))
+                    data.append((index, _data_dict(rung.data)))
+                    index += 1
+            rung_skeletons, rung_inputs = encode_inputs(data)
+            rung_calls = [_call(pc, rung_skeletons[pc.index], ()) for pc in rungs]
+            return rungs, rung_calls, rung_inputs
+
+        return cls(spec, device, cases, calls, inputs, hidden_inputs, make_small if small else None)
 
 
 def _call(pc: PlannedCase, skeleton: dict, forbidden: tuple[str, ...]) -> Planned:

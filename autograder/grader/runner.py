@@ -79,10 +79,12 @@ class Ladder(Protocol):
     """Small inputs a clean child runs one at a time, after its public calls and before any
     hidden input reaches it (``grader/counterexample.py``'s ``Search``): ``next`` is asked
     each time the child is ready for more, with every outcome so far, and names the next
-    call to make (one of ``calls``), or None when it has what it needs. ``inputs``: every
-    call's specs and tensors, as the child reads them (``ladder_file``)."""
+    call to make (one of ``calls``), or None when it has what it needs. ``calls`` and
+    ``inputs`` (every call's specs and tensors, as the child reads them: ``ladder.bin``)
+    are read only once ``next`` has named a call."""
 
-    calls: list[Planned]
+    @property
+    def calls(self) -> list[Planned]: ...
 
     @property
     def inputs(self) -> bytes: ...
@@ -520,11 +522,12 @@ class _Watch:
     then on, and everything from a child forked after that, may carry hidden inputs: it is
     kept apart (``private_*``) for instructors, and never reaches what a student sees."""
 
-    def __init__(self, calls: list[Planned], n_cells: int, rungs: list[Planned] | None = None) -> None:
-        self.by_index = {c.index: c for c in (*calls, *(rungs or ()))}
+    def __init__(self, calls: list[Planned], n_cells: int, ladder: bool = False) -> None:
+        self.by_index = {c.index: c for c in calls}
         self.public = {c.index for c in calls if not c.hidden}
         self.has_hidden = any(c.hidden for c in calls)
-        self.rungs = {c.index for c in rungs or ()}
+        self.ladder = ladder  # small inputs may be asked for (``add_rung``) before hidden ones
+        self.rungs: set[int] = set()
         self.instructed: int | None = None  # the small input the parent said to run now
         self.n_cells = n_cells
         self.outcomes: dict[int, CallOutcome] = {}
@@ -545,6 +548,12 @@ class _Watch:
         self.finished = self.asks = False
         self.may_ask = True  # the child may ask what next (again after each small input)
         self.instructed = None
+
+    def add_rung(self, call: Planned) -> None:
+        """A small input the parent tells the child to run now."""
+        self.by_index[call.index] = call
+        self.rungs.add(call.index)
+        self.instructed = call.index
 
     @property
     def public_done(self) -> bool:
@@ -581,7 +590,7 @@ class _Watch:
                 notes.append(str(ev.get("text", ""))[:300])
         elif kind == "hidden":  # "what next?": after the public calls, and after each small input
             in_call = self.current is not None and self.current[0] == "call"
-            if (self.has_hidden or self.rungs) and self.public_done and self.may_ask and not in_call:
+            if (self.has_hidden or self.ladder) and self.public_done and self.may_ask and not in_call:
                 self.asks, self.may_ask = True, False
                 self.current = None  # its cells are done: until the answer, no cell's clock runs
         elif kind == "done":
@@ -641,16 +650,16 @@ def run_submission(
     between its public calls and the hidden ones (their outcomes join the report's); the
     time they take is not the submission's (its budget grows by ``ladder.spent_s``)."""
     t0 = time.monotonic()
-    watch = _Watch(calls, len(cells), ladder.calls if ladder else None)
+    watch = _Watch(calls, len(cells), ladder is not None)
     outcomes = watch.outcomes
     by_index = watch.by_index
     hidden = [c for c in calls if c.hidden]
     skip_cells: list[int] = []
     crashes: dict[str, int] = {}
     restarts = 0
+    names = len({c.name for c in calls})
     # a small input that hangs or crashes stops its name's small inputs: one restart each
-    small_names = {c.name for c in ladder.calls} if ladder else set()
-    max_restarts = MAX_RESTARTS + 2 * len({c.name for c in calls}) + len(small_names)
+    max_restarts = MAX_RESTARTS + 2 * names + (names if ladder else 0)
     stopped = f"not run: the submission used up its {limits.submission_s:g} s"
     satisfied = False  # ``enough`` said so: the child was stopped on purpose
     received = 0  # bytes from every child of this submission
@@ -751,7 +760,7 @@ def run_submission(
                             if not ladder_written:
                                 _write_hidden(ladder_file, ladder.calls, ladder.inputs)
                                 ladder_written = True
-                            watch.instructed = rung.index
+                            watch.add_rung(rung)
                             answer = wire.command(wire.RUN, rung.index)
                         elif hidden:
                             if not watch.released:
