@@ -185,10 +185,6 @@ class Search:
     def found(self) -> dict[str, Counterexample]:
         return {name: pick.result for name, pick in self.picks.items() if pick.result is not None}
 
-    @cached_property
-    def searched(self) -> frozenset[str]:
-        return frozenset(self._rungs)
-
     def attach(self, result: StageResult) -> None:
         """Give every failing test of ``result`` its name's counterexample, where one was found."""
         found = self.found()
