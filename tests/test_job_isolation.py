@@ -447,10 +447,16 @@ def test_without_root_a_job_reaches_no_listener_and_leaves_no_daemon():
     )
     os.chmod(sub, 0o755)
     os.chmod(sub / f"{STAGE}.py", 0o644)
+    # a student failing public cases: the counterexample search in the grading child, without root
+    bob = tmp_path / "bob"
+    bob.mkdir(mode=0o755)
+    shutil.copy(ROOT / "examples" / "class" / "bob_missing_scale" / f"{STAGE}.ipynb", bob)
+    os.chmod(bob / f"{STAGE}.ipynb", 0o644)
     out = tmp_path / "out"
     try:
         proc = _as_nobody(
-            [sys.executable, "-m", "autograder", "grade", str(sub), "--results-dir", str(out)], tmp_path
+            [sys.executable, "-m", "autograder", "grade", str(sub), str(bob), "--results-dir", str(out)],
+            tmp_path,
         )
         assert proc.returncode == 0, proc.stderr
         doctor = _as_nobody([sys.executable, "-m", "autograder", "doctor"], tmp_path)
@@ -460,6 +466,10 @@ def test_without_root_a_job_reaches_no_listener_and_leaves_no_daemon():
         )
         score = json.loads((out / "student" / "results.json").read_text())["score"]
         assert score == max_score(STAGE)
+        bobs = (out / "bob" / "results.json").read_text()
+        assert (
+            json.loads(bobs)["score"] == 8.25 and "Smallest input found" in bobs
+        )  # examples/class/README.md
         received = []
         try:
             while True:
