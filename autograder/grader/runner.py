@@ -528,7 +528,6 @@ class _Watch:
         self.has_hidden = any(c.hidden for c in calls)
         self.ladder = ladder  # small inputs may be asked for (``add_rung``) before hidden ones
         self.rungs: set[int] = set()
-        self.instructed: int | None = None  # the small input the parent said to run now
         self.n_cells = n_cells
         self.outcomes: dict[int, CallOutcome] = {}
         self.cell_errors: dict[int, dict[str, str]] = {}
@@ -547,7 +546,7 @@ class _Watch:
         self.started = time.monotonic()
         self.finished = self.asks = False
         self.may_ask = True  # the child may ask what next (again after each small input)
-        self.instructed = None
+        self.instructed: int | None = None  # the small input the parent said to run now
 
     def add_rung(self, call: Planned) -> None:
         """A small input the parent tells the child to run now."""
@@ -651,6 +650,11 @@ def run_submission(
     time they take is not the submission's (its budget grows by ``ladder.spent_s``)."""
     t0 = time.monotonic()
     watch = _Watch(calls, len(cells), ladder is not None)
+
+    def deadline() -> float:
+        """The submission's end: its budget, and the time its small inputs took on top."""
+        return t0 + limits.submission_s + (ladder.spent_s if ladder is not None else 0.0)
+
     outcomes = watch.outcomes
     by_index = watch.by_index
     hidden = [c for c in calls if c.hidden]
@@ -703,7 +707,8 @@ def run_submission(
         hidden_file = job / "hidden.bin"
         hidden_file.touch(mode=0o600)
         ladder_file = job / "ladder.bin"  # likewise: written when a first small input is asked for
-        ladder_file.touch(mode=0o600)
+        if ladder is not None:
+            ladder_file.touch(mode=0o600)
         ladder_written = False
         while True:
             (job / "resume.json").write_text(
@@ -740,8 +745,7 @@ def run_submission(
                     else:
                         limit = limits.cell_s
                     # explicit deadlines: a child that keeps talking does not stop the clocks
-                    spent = ladder.spent_s if ladder is not None else 0.0
-                    wait = min(watch.started + limit, t0 + limits.submission_s + spent) - now
+                    wait = min(watch.started + limit, deadline()) - now
                     ended = len(outcomes)
                     if wait <= 0 or not events.read(wait):
                         timed_out = True
@@ -856,7 +860,7 @@ def run_submission(
                 stopped = "not run: grading of this submission stopped after too many hangs or crashes"
                 watch.notes.append(stopped.removeprefix("not run: "))
                 break
-            if time.monotonic() - t0 >= limits.submission_s + (ladder.spent_s if ladder else 0.0):
+            if time.monotonic() >= deadline():
                 break
         finish_outcomes(calls, outcomes, stopped)
         stdout = _read_head(job / "stdout.txt", MAX_STDOUT)
