@@ -130,3 +130,30 @@ def test_the_fast_path_gives_the_full_comparisons_verdict(n, seed, dtype, specia
     region = (torch.rand(n, 1, generator=g) > 0.3) if with_region else None
     full = _full(got.double(), expected.double(), tol, _region(region, expected.shape))
     assert _same(compare(got, expected, tol, region), full)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.sampled_from([1, 6, 1500]),  # 1500 x 3 values: past the probe
+    seed=st.integers(0, 10_000),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    specials=st.lists(st.tuples(st.booleans(), st.integers(0, 4499), _VALUES), max_size=4),
+    noise=st.sampled_from([0.0, 1e-12, 1e-7, 1e-3]),
+    with_region=st.booleans(),
+    tol=st.sampled_from([TOL, Tolerance(rtol=0.0, atol=0.0), Tolerance(rtol=1e-3, atol=1e-5)]),
+)
+def test_matches_is_isclose_with_nan_equal_where_the_region_says(
+    n, seed, dtype, specials, noise, with_region, tol
+):
+    """matches() takes a shortcut where every difference is finite; its verdict is still
+    torch.isclose's (NaN equal to NaN, inf to the same inf), over the region."""
+    g = torch.Generator().manual_seed(seed)
+    candidate = torch.randn(n, 3, generator=g).to(dtype)
+    got = (candidate.double() + noise * torch.randn(n, 3, generator=g, dtype=torch.float64)).to(dtype)
+    for in_got, at, value in specials:
+        (got if in_got else candidate).view(-1)[at % got.numel()] = value
+    region = (torch.rand(n, 1, generator=g) > 0.3) if with_region else None
+    close = torch.isclose(got.double(), candidate.double(), tol.rtol, tol.atol, equal_nan=True)
+    if region is not None:
+        close = close | ~region.expand(close.shape)
+    assert matches(got, candidate, tol, region) == bool(close.all())

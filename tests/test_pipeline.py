@@ -351,6 +351,31 @@ def test_a_forbidden_torch_func_transform_is_stopped_before_it_imports_torch_dyn
     ], out.stdout + out.stderr
 
 
+def test_a_forbidden_public_call_is_stopped_before_it_runs():
+    """A forbidden ``torch.*`` call is settled when it starts: it never runs (stage 05's
+    ``torch.autograd.grad`` in a backward imported sympy first, 0.3 s of every such child)."""
+    code = (
+        "import sys, torch\n"
+        "from autograder.runtime.detector import ForbiddenCallDetector\n"
+        "x = torch.zeros(3, requires_grad=True)\n"
+        "y = x * 2\n"
+        "z = torch.zeros(3)\n"
+        "for call in (lambda: torch.autograd.grad(y, x, grad_outputs=torch.ones(3)), lambda: z.add_(1)):\n"
+        "    try:\n"
+        "        with ForbiddenCallDetector(('torch.autograd.grad', 'torch.Tensor.add_')) as d:\n"
+        "            call()\n"
+        "    except RuntimeError as exc:\n"
+        "        print(type(exc).__name__, d.found)\n"
+        "print(z.sum().item(), 'sympy' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [
+        "ForbiddenKernel ['torch.autograd.grad']",
+        "ForbiddenKernel ['torch.Tensor.add_']",
+        "0.0 False",
+    ], out.stdout + out.stderr
+
+
 def test_a_torch_func_transform_runs_where_the_task_allows_autograd():
     """Only a detector whose patterns forbid torch.func stops its transforms."""
     x = torch.randn(3, dtype=torch.float64)
