@@ -68,7 +68,10 @@ mutation: $(STAMP)
 
 # The TAs' image (docker/Dockerfile), built offline: the base image made here if missing
 # (docker/base.sh), the wheels for its Python downloaded first (docker/wheelhouse.sh, into
-# build/wheelhouse-cpu), then `docker build` with no network. bertlab: CPU torch, ~1.6 GB.
+# build/wheelhouse-cpu), then `docker build` with no network. bertlab: CPU torch, 1.4 GB.
+# The build's first stage (the packages installed from the wheelhouse, 1.8 GB) is kept as
+# bertlab:install-cache, named rather than left dangling: it is what makes a rebuild after
+# a change to the code take seconds (`docker rmi bertlab:install-cache` frees it).
 # DOCKER_BASE: bertlab-base:bookworm, Debian bookworm's Python 3.11 made by debootstrap
 # from a Debian mirror (no Docker registry needed; BASE_ROOTFS=DIR imports a tree made
 # already), or any image with python3 3.11 and venv (python:3.11-slim, where Docker Hub answers).
@@ -77,6 +80,7 @@ docker:
 	bash docker/base.sh $(DOCKER_BASE)
 	PYTHON=$(PY) bash docker/wheelhouse.sh cpu $(DOCKER_BASE) build/wheelhouse-cpu
 	docker build -f docker/Dockerfile --build-arg BASE=$(DOCKER_BASE) -t bertlab .
+	docker build -q -f docker/Dockerfile --build-arg BASE=$(DOCKER_BASE) --target install -t bertlab:install-cache .
 
 # The same with torch's CUDA build and its nvidia-* wheels (~6 GB): bertlab:cuda, for
 # docker run --gpus all ... bertlab:cuda batch /submissions --device cuda.

@@ -395,3 +395,58 @@ def test_instructor_log_shows_scores_as_the_table_does():
     assert "0.333" not in log and "0.666" not in log and "0.667" not in log
     assert f"{STAGE}: expected values computed here, not read from the zip's store (no store)" in log
     assert "wrong values" in log  # the hidden case's message: instructors see it in full
+
+
+def test_gradescope_zip_makes_one_zip_per_stage_in_a_folder_it_creates(tmp_path, monkeypatch):
+    """Gradescope assignments are per stage: by default the command writes one zip per stage,
+    each grading its stage alone (a stage-01 assignment once scored a student 8/204, ten
+    stages "not submitted"); ``--out DIR/`` for a folder that does not exist yet makes it
+    (it once wrote a file named DIR)."""
+    from typer.testing import CliRunner
+
+    from autograder.grader import gradescope
+    from autograder.grader.cli import app
+    from autograder.stages import stage_ids
+
+    built: list[tuple[Path, list[str]]] = []
+
+    def record(out: Path, stages: list[str], allow_weak_sandbox: bool = False) -> Path:
+        built.append((out, stages))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(out, "w") as zf:
+            zf.writestr(CONFIG, json.dumps({"stages": stages, "max_score": 1}))
+        return out
+
+    monkeypatch.setattr(gradescope, "build_zip", record)
+    runner = CliRunner()
+    folder = tmp_path / "zips" / "new"
+    ran = runner.invoke(app, ["gradescope-zip", "--out", f"{folder}/"])
+    assert ran.exit_code == 0, ran.output
+    assert built == [(folder / f"{s}.zip", [s]) for s in stage_ids()]
+    built.clear()
+    ran = runner.invoke(app, ["gradescope-zip", "--out", str(tmp_path / "new2") + "/", "-s", STAGE])
+    assert ran.exit_code == 0 and built == [(tmp_path / "new2" / f"{STAGE}.zip", [STAGE])]
+    built.clear()
+    ran = runner.invoke(
+        app, ["gradescope-zip", "--out", str(tmp_path / "two.zip"), "-s", STAGE, "-s", "02_multihead"]
+    )
+    assert ran.exit_code == 0 and built == [(tmp_path / "two.zip", [STAGE, "02_multihead"])]
+    built.clear()
+    ran = runner.invoke(app, ["gradescope-zip", "--out", str(tmp_path / "nofolder"), "-s", STAGE])
+    assert ran.exit_code == 2 and "trailing /" in ran.output and not built
+
+
+def test_a_real_per_stage_zip_grades_its_stage_alone(tmp_path):
+    """The zip the command writes for one stage, into a folder it makes, holds that stage's
+    points only."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "autograder", "gradescope-zip", "--out", f"{tmp_path}/made/", "-s", STAGE],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    with zipfile.ZipFile(tmp_path / "made" / f"{STAGE}.zip") as zf:
+        config = json.loads(zf.read(CONFIG))
+    assert config["stages"] == [STAGE] and config["max_score"] == max_score(STAGE)

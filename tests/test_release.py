@@ -511,19 +511,24 @@ def test_readme_install_then_jupyter_lab_runs_in_a_fresh_venv(tmp_path):
     """A student's first minutes, as the bundle's README says them: a fresh venv, its pip
     installs (torch, JupyterLab and the rest, from the package index), then `jupyter lab
     notebooks/`, which must start and serve the notebooks (then it is stopped). Nothing of
-    this project's venv is visible. It takes 2-3 minutes (a real install: ~1.4 GB)."""
+    this project's venv is visible. Only ``python3`` is on the PATH, as on Debian; torch comes
+    from PyTorch's CPU index (here unreachable: the machine's wheel of it, the CPU build),
+    never PyPI's CUDA build, and the venv is the size the README says. It takes 2-3 minutes."""
     import signal
     import time
 
     bundle = release.build_release(tmp_path / "bundle", ["01_attention", "02_multihead"])
     commands = _readme_commands((bundle / "README.md").read_text())
-    assert commands[0] == "python -m venv .venv && . .venv/bin/activate", commands
+    assert commands[0] == "python3 -m venv .venv && . .venv/bin/activate", commands
+    assert commands[1].startswith("pip install torch==") and "download.pytorch.org/whl/cpu" in commands[1]
     assert commands[-1] == "jupyter lab notebooks/", commands
-    bin_ = tmp_path / "bin"  # `python` as a student's shell finds it: a Python >= 3.11, no venv
+    # `python3` as a student's Debian shell finds it: a Python >= 3.11, no venv, no `python`
+    bin_ = tmp_path / "bin"
     bin_.mkdir()
-    (bin_ / "python").symlink_to(getattr(sys, "_base_executable", sys.executable))
+    (bin_ / "python3").symlink_to(getattr(sys, "_base_executable", sys.executable))
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env |= {"PATH": f"{bin_}:/usr/bin:/bin", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_PROGRESS_BAR": "off"}
+    env |= {"PIP_RETRIES": "0", "PIP_TIMEOUT": "5"}  # PyTorch's index is not reachable from here
     env |= {"JUPYTER_CONFIG_DIR": str(tmp_path / "jconfig"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "jrun")}
     install = "set -e\n" + "\n".join(commands[:-1]) + "\n"
     done = subprocess.run(
@@ -545,6 +550,19 @@ def test_readme_install_then_jupyter_lab_runs_in_a_fresh_venv(tmp_path):
         text=True,
     )
     assert where.stdout.startswith(str(bundle / ".venv")), where  # the bundle's, installed
+    build = subprocess.run(
+        ["python", "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    pinned = commands[1].split()[2].removeprefix("torch==")
+    assert build.stdout.split() == [f"{pinned}+cpu", "None"], build  # the CPU build
+    pkgs = subprocess.run(["pip", "list"], cwd=tmp_path, env=env, capture_output=True, text=True).stdout
+    assert not re.search(r"^(nvidia|triton)", pkgs, re.M | re.I), pkgs  # no CUDA wheel came along
+    size = sum(f.stat().st_size for f in (bundle / ".venv").rglob("*") if f.is_file() and not f.is_symlink())
+    assert 0.8 * release.INSTALL_VENV_BYTES <= size <= 1.2 * release.INSTALL_VENV_BYTES, size
 
     port, token = _free_port(), "bertlab-test"
     # the README's command; here no browser, a known port and token, and, where the tests

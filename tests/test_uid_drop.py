@@ -243,6 +243,7 @@ def test_grading_without_a_box_refuses_to_start_when_a_job_uid_cannot_import(tmp
     assert proc.returncode == 3, proc.stderr
     assert "cannot grade here: a confined child could not run a trivial submission" in proc.stderr
     assert "PermissionError" in proc.stderr and str(Path(sys.base_prefix).resolve()) in proc.stderr
+    assert "used up its" not in proc.stderr  # it said so after 7 s of a 120 s budget
     assert not (tmp_path / "results").exists()  # no student got a 0
 
 

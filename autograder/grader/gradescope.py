@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 ROOT_ENV = "BERTLAB_AUTOGRADER_ROOT"
 CONFIG = "bertlab-gradescope.json"
 PROJECT = Path(__file__).resolve().parents[2]
-DEFAULT_ZIP = Path("build/gradescope/autograder.zip")
+DEFAULT_OUT = "build/gradescope/"  # a folder: one zip per stage, as Gradescope assignments are
 # the project files the runtime install needs (scripts/install.sh and pyproject.toml read
 # them; the instructors' requirements only name the project's `instructor` extra)
 INSTALL_FILES = (
@@ -171,10 +171,10 @@ def _add(zf: zipfile.ZipFile, name: str, data: bytes, executable: bool = False) 
 
 
 def build_zip(out: Path, stages: list[str] | None = None, allow_weak_sandbox: bool = False) -> Path:
-    """Write Gradescope's autograder zip to ``out`` (a directory gets ``autograder.zip``),
-    grading ``stages`` (default: all). ``allow_weak_sandbox``: grade even where Gradescope's
-    container lets the grader make no job box (README: Security model). Returns the zip's
-    path."""
+    """Write Gradescope's autograder zip to ``out`` (an existing directory gets
+    ``autograder.zip``; missing folders are made), grading ``stages`` (default: all).
+    ``allow_weak_sandbox``: grade even where Gradescope's container lets the grader make no
+    job box (README: Security model). Returns the zip's path."""
     from autograder.stages import stage_ids
 
     known = stage_ids()
@@ -357,13 +357,34 @@ def main(argv: list[str]) -> int:
 # -- the command -------------------------------------------------------------------------------
 
 
+def zip_paths(out: str, groups: list[list[str]]) -> list[Path]:
+    """Where each group of stages' zip goes: ``out`` itself for one zip, unless it names a
+    folder (it ends with ``/`` or is one): then ``<stage>.zip`` in it, as for several zips
+    (``01_attention+02_multihead.zip`` for a zip grading both)."""
+    folder = out.endswith(("/", os.sep)) or Path(out).is_dir() or len(groups) > 1
+    if not folder:
+        if not out.endswith(".zip"):
+            raise ValueError(f"--out {out!r}: name a .zip file, or a folder with a trailing /")
+        return [Path(out)]
+    return [Path(out) / ("+".join(g) + ".zip") for g in groups]
+
+
 def command(
     out: Annotated[
-        Path, typer.Option(help="The zip to write (a directory gets autograder.zip).")
-    ] = DEFAULT_ZIP,
+        str,
+        typer.Option(
+            help="Where the zips go: a folder (a trailing / makes it) gets one zip per stage, "
+            "<stage>.zip; with --stage, a .zip file name is the one zip's."
+        ),
+    ] = DEFAULT_OUT,
     stage: Annotated[
         list[str] | None,
-        typer.Option("--stage", "-s", help="Stage id(s) this Gradescope assignment grades; default: all."),
+        typer.Option(
+            "--stage",
+            "-s",
+            help="Stage id(s) one zip grades, together (repeat for several); default: one zip per "
+            "stage, each its own Gradescope assignment.",
+        ),
     ] = None,
     allow_weak_sandbox: Annotated[
         bool,
@@ -374,21 +395,28 @@ def command(
         ),
     ] = False,
 ) -> None:
-    """Build Gradescope's autograder zip (setup.sh, run_autograder, requirements, the
-    reference and hidden cases): upload it as the assignment's autograder."""
+    """Build Gradescope's autograder zips (setup.sh, run_autograder, requirements, the
+    reference and hidden cases): by default one per stage, to upload as the autograder of
+    that stage's assignment. A zip grades only its stages: a student's upload without its
+    stage's file scores 0 and is told which file was expected."""
+    from autograder.stages import stage_ids
+
+    groups = [list(stage)] if stage else [[s] for s in stage_ids()]
     try:
-        path = build_zip(out, stage, allow_weak_sandbox)
+        paths = zip_paths(out, groups)
+        for path, group in zip(paths, groups, strict=True):
+            build_zip(path, group, allow_weak_sandbox)
+            with zipfile.ZipFile(path) as zf:
+                config = json.loads(zf.read(CONFIG))
+                n = len(zf.namelist())
+            typer.echo(
+                f"{path}: {n} files, {path.stat().st_size / 1e6:.1f} MB; grades "
+                f"{', '.join(config['stages'])} for {config['max_score']:g} points "
+                "(set the assignment's autograder points to match)"
+            )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    with zipfile.ZipFile(path) as zf:
-        config = json.loads(zf.read(CONFIG))
-        n = len(zf.namelist())
-    typer.echo(
-        f"{path}: {n} files, {path.stat().st_size / 1e6:.1f} MB; grades "
-        f"{', '.join(config['stages'])} for {config['max_score']:g} points "
-        "(set the assignment's autograder points to match)"
-    )
 
 
 if __name__ == "__main__":

