@@ -4,15 +4,22 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test explore lint generate bench bench-class bench-cold bench-box mutation docker docker-cuda docker-check clean
+.PHONY: demo test explore lint generate bench bench-class bench-cold bench-box mutation docker docker-cuda docker-check clean FORCE
 
 # scripts/install.sh is the one list of install commands: the Gradescope autograder
 # (setup.sh) and docker/Dockerfile run it too, on requirements.txt alone (the grading
 # runtime); the venv here also gets the instructors' tools and the dev tools.
-$(STAMP): requirements.txt requirements-instructor.txt requirements-dev.txt requirements-nodeps.txt pyproject.toml scripts/install.sh
-	$(PY) -m venv $(VENV)
-	bash scripts/install.sh $(BIN)/python requirements-dev.txt
-	touch $(STAMP)
+# scripts/venv.sh decides whether to install: when the content of what install.sh reads
+# changed since the stamp (not the files' dates, which a clone or a copy renews), and, made
+# again, when the venv was made for another checkout (copied here, its editable install
+# would run that checkout's code).
+INSTALL_FROM := requirements.txt requirements-instructor.txt requirements-dev.txt requirements-nodeps.txt pyproject.toml scripts/install.sh
+$(STAMP): FORCE
+	@bash scripts/venv.sh prepare $(PY) $(VENV) $(INSTALL_FROM); status=$$?; \
+	if [ $$status -eq 3 ]; then \
+	    bash scripts/install.sh $(BIN)/python requirements-dev.txt && \
+	    bash scripts/venv.sh stamp $(VENV) $(INSTALL_FROM); \
+	else exit $$status; fi
 
 # Grade the bundled example class (each student on the stages it handed in):
 # one row per student, one results file each.

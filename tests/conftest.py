@@ -35,6 +35,15 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_configure(config):
+    """A marker per stage, ``stageNN`` (``pytest -m stage03``), derived from the stage ids:
+    a stage that `new-stage` adds has its marker with no list to edit."""
+    from autograder.stages import stage_ids  # instant: no spec (and no torch) loads
+
+    for stage in stage_ids():
+        config.addinivalue_line("markers", f"stage{stage[:2]}: stage {stage}")
+
+
 def pytest_collection_modifyitems(items):
     """Under "explore", a test's own @settings(max_examples=N) (its cost relative to the
     others) runs EXPLORE_FACTOR * N examples: otherwise N would override the profile and

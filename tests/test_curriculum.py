@@ -28,8 +28,9 @@ from torch import nn
 from autograder.grader.report import to_gradescope
 from autograder.runtime import results
 from autograder.runtime.detector import ForbiddenCallDetector, ForbiddenKernel, KernelGuard
-from autograder.stages import all_specs, requires, stage_ids
+from autograder.stages import all_specs, requires, spec_path, stage_ids
 from autograder.stages.spec import Graded, StageSpec
+from autograder.stages.unfilled import unfilled_lines
 from tests.support import ROOT
 
 TEXT = (ROOT / "CURRICULUM.md").read_text(encoding="utf-8")
@@ -223,12 +224,52 @@ def _graded(stage: str, name: str) -> Graded:
 # -- the contract and the specs agree --------------------------------------------------------
 
 
-def test_every_stage_has_a_section_with_its_points_and_time_limit():
-    headings = _headings()
-    assert sorted(headings) == sorted(SPECS)
-    for stage, m in headings.items():
-        spec = SPECS[stage]
-        assert (float(m[3]), float(m[4])) == (spec.max_score, spec.call_timeout_s), m[0]
+def _spec_file(stage: str) -> str:
+    path = spec_path(stage)
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _section_lines(stage: str) -> list[tuple[int, str]]:
+    """(line number in CURRICULUM.md, line) of ``stage``'s section, its heading first."""
+    lines = TEXT.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(f"## {stage}:")), None)
+    if start is None:
+        return []
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return [(i + 1, lines[i]) for i in range(start, end)]
+
+
+@pytest.mark.parametrize("stage", stage_ids())
+def test_a_stage_section_holds_nothing_left_to_fill_in(stage):
+    """`new-stage` inserts a section whose every part to write is marked to fill in (issue 28)."""
+    section = "\n".join(line for _, line in _section_lines(stage))
+    first = _section_lines(stage)[0][0] if section else 1
+    left = [f"CURRICULUM.md:{first + n - 1}: {what}" for n, what in unfilled_lines(section)]
+    assert not left, "\n".join(
+        [f"{stage}'s section is not written yet: write what each line asks for", *left]
+    )
+
+
+@pytest.mark.parametrize("stage", stage_ids())
+def test_every_stage_has_a_section_with_its_points_and_time_limit(stage):
+    spec = SPECS[stage]
+    form = f"'## {stage}: <title> ({spec.max_score:g} points; {spec.call_timeout_s:g} s per call)'"
+    m = _headings().get(stage)
+    if m is None:
+        near = [line for _, line in _section_lines(stage)[:1]]
+        assert near, f"CURRICULUM.md has no section for {stage}: add a heading {form}"
+        raise AssertionError(f"CURRICULUM.md's heading {near[0]!r} is not of the form {form}")
+    stated = (float(m[3]), float(m[4]))
+    assert stated == (spec.max_score, spec.call_timeout_s), (
+        f"{m[0]!r} states {m[3]} points and {m[4]} s per call; {_spec_file(stage)} gives "
+        f"{spec.max_score:g} points (the sum of its tests' points) and {spec.call_timeout_s:g} s "
+        f"(call_timeout_s): make the heading {form}, or change the spec"
+    )
+
+
+def test_every_section_is_a_stage():
+    unknown = sorted(set(_headings()) - set(SPECS))
+    assert not unknown, f"CURRICULUM.md has sections for {unknown}, which no spec defines"
 
 
 def test_clause_ids_are_unique():
@@ -246,7 +287,11 @@ def test_every_graded_name_names_a_clause_that_states_it_and_its_points(stage):
         assert where == stage, f"[{g.clause}] is in {where}'s section, not {stage}'s"
         assert re.search(rf"\b{re.escape(g.name)}\(", text), f"[{g.clause}] never shows `{g.name}(...)`"
         points = re.search(rf"\({NUMBER} points?\)", text)
-        assert points and float(points[1]) == g.max_score, (g.clause, g.max_score)
+        assert points, f"[{g.clause}] states no points: write `{g.name}(...)` ({g.max_score:g} points)"
+        assert float(points[1]) == g.max_score, (
+            f"[{g.clause}] says {points[0]}, {_spec_file(stage)} gives {g.name} {g.max_score:g} (the sum "
+            "of its tests' points): make them agree"
+        )
 
 
 @pytest.mark.parametrize("stage", stage_ids())
@@ -256,11 +301,72 @@ def test_every_clause_of_a_stage_is_graded(stage):
     assert declared == graded, f"clauses nothing grades: {declared - graded}"
 
 
+def misconception_ids(text: str) -> list[str]:
+    """The ids a ``[NN.misconceptions]`` clause lists: its backticked words outside
+    parentheses. The parenthesis after an id explains it, backticked words included:
+    "`not-interleaved` (sin half then cos half), `rope-pairs` (rotates `x[2i]` with `x[i]`)"."""
+    ids, depth, tick = [], 0, None
+    for i, ch in enumerate(text):
+        if ch == "`":
+            if tick is None:
+                tick = i
+            else:
+                if depth == 0:
+                    ids.append(text[tick + 1 : i])
+                tick = None
+        elif tick is None and ch == "(":
+            depth += 1
+        elif tick is None and ch == ")":
+            depth = max(0, depth - 1)
+    return ids
+
+
+def misconception_problems(clause: str, text: str, declared: set[str], spec_file: str) -> list[str]:
+    """What to change so that clause ``text`` lists exactly the ``declared`` ids, one line each."""
+    listed = misconception_ids(text)
+    problems = []
+    for word in listed:
+        if word not in declared:
+            kind = "is not a misconception id (ids are kebab-case, `missing-scale`)"
+            if MISCONCEPTION_ID.match(word):
+                kind = f"is listed as a misconception id, but {spec_file} declares no such id"
+            problems.append(
+                f"[{clause}]: `{word}` {kind}. Every backticked word outside parentheses is an id: if "
+                f"`{word}` explains the id before it, move it into that id's parenthesis (`id` (... `{word}` "
+                f"...)) or drop its backticks; if it is a mistake the grader names, add it to "
+                f"{spec_file}'s SPEC.misconceptions, with a Variant"
+            )
+    for missing in sorted(declared - set(listed)):
+        problems.append(
+            f"{spec_file} declares the misconception `{missing}` (SPEC.misconceptions), which "
+            f"[{clause}] does not list: add `{missing}` to it (with what it is, in parentheses)"
+        )
+    return problems
+
+
+def test_a_backticked_word_in_an_ids_explanation_is_no_id():
+    """Issue 28: `positions`, in the parenthesis explaining an id, failed the stage with
+    "Extra items: 'positions'", which said nothing of what to change."""
+    text = " `rope-interleaved` (rotates `positions` pairwise, `x[2i]` with `x[2i+1]`), `rope-base`.\n"
+    assert misconception_ids(text) == ["rope-interleaved", "rope-base"]
+    declared = {"rope-interleaved", "rope-base"}
+    assert misconception_problems("12.misconceptions", text, declared, "12.py") == []
+    stray = " `rope-interleaved` rotates `positions` pairwise, `rope-base`.\n"
+    (problem,) = misconception_problems("12.misconceptions", stray, declared, "12.py")
+    assert "`positions` is listed as a misconception id, but 12.py declares no such id" in problem
+    assert "move it into that id's parenthesis" in problem
+    assert "add it to 12.py's SPEC.misconceptions" in problem
+    (problem,) = misconception_problems("12.misconceptions", " `rope-interleaved`.\n", declared, "12.py")
+    assert problem.startswith("12.py declares the misconception `rope-base`") and "add `rope-base`" in problem
+
+
 @pytest.mark.parametrize("stage", stage_ids())
 def test_misconception_ids_are_the_contracts(stage):
-    _, text = CLAUSES[f"{stage[:2]}.misconceptions"]
-    listed = {t for t in re.findall(r"`([^`]+)`", text) if MISCONCEPTION_ID.match(t)}
-    assert listed == set(SPECS[stage].misconceptions)
+    clause = f"{stage[:2]}.misconceptions"
+    assert clause in CLAUSES, f"CURRICULUM.md has no **[{clause}]** clause: list {stage}'s ids there"
+    _, text = CLAUSES[clause]
+    problems = misconception_problems(clause, text, set(SPECS[stage].misconceptions), _spec_file(stage))
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("stage", stage_ids())

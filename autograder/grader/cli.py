@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import threading
 import time
@@ -32,6 +33,7 @@ from autograder.grader.options import (
     warn_if_exposed,
 )
 from autograder.sandbox.confine import SandboxUnusable
+from autograder.stages.unfilled import UnfilledStage
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="bertlab: grade Transformer/BERT exercises."
@@ -368,18 +370,82 @@ def nbgrader_export(
 def generate(
     stage: Annotated[list[str] | None, typer.Argument(help="Stage ids; default: all.")] = None,
     check: Annotated[bool, typer.Option(help="Only check that generated files are up to date.")] = False,
+    cpu: Annotated[
+        str | None,
+        typer.Option(
+            help="With --check: check under another CPU's kernels, default (no vector units) or avx2: "
+            "a child process whose torch, oneDNN, MKL, OpenBLAS and numpy are held to that level "
+            "computes the self-check data, which must match within each case's tolerance.",
+        ),
+    ] = None,
 ) -> None:
-    """Regenerate assignments/ (student notebooks) and public self-check data from solutions/ and specs."""
-    from autograder.grader.notebooks import generate_stage
+    """Regenerate assignments/ (student notebooks) and public self-check data from solutions/ and
+    specs; with --check, compare instead (one stage: `generate --check 12_rope`)."""
+    from autograder.grader import cpus
     from autograder.stages import stage_ids
 
+    stages = stage or stage_ids()
+    unknown = [s for s in stages if s not in stage_ids()]
+    if unknown:
+        raise usage_error(f"unknown stage {', '.join(unknown)} (known: {', '.join(stage_ids())})")
+    if cpu is not None:
+        if not check:
+            raise usage_error("--cpu compares with the committed data under other kernels: add --check")
+        if cpu not in cpus.LEVELS:
+            raise usage_error(f"--cpu takes {' or '.join(cpus.LEVELS)}, not {cpu!r}")
+        if os.environ.get(cpus.CHILD_ENV) != cpu:  # torch reads its level once, as it loads
+            raise typer.Exit(cpus.rerun(cpu, ["generate", "--check", "--cpu", cpu, *stages]))
+        if why := cpus.running(cpu):
+            err.print(f"error: {why}", markup=False, highlight=False)
+            raise typer.Exit(2)
+    from autograder.grader.notebooks import generate_stage, why_stale
+
     stale = []
-    for s in stage or stage_ids():
+    for s in stages:
         stale += generate_stage(s, check=check)
+    kernels = f" under the {cpu} kernels" if cpu else ""
     if check and stale:
-        err.print("out of date (run `make generate`):\n  " + "\n  ".join(str(p) for p in stale))
+        lines = [f"{p}" + "".join(f"\n      {d}" for d in why_stale(p)) for p in stale]
+        again = " ".join(["python -m autograder generate", *(stage or [])])
+        advice = f"run `{again}`" + (
+            " on this machine first; if that changes nothing, a case's values depend on the CPU "
+            "more than its tolerance allows"
+            if cpu
+            else ""
+        )
+        message = f"out of date{kernels} ({advice}):\n  " + "\n  ".join(lines)
+        err.print(message, markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1)
-    console.print("up to date" if check else "generated")
+    console.print(f"up to date{kernels}: {', '.join(stages)}" if check else f"generated: {', '.join(stages)}")
+
+
+@app.command("new-stage")
+def new_stage(
+    stage: Annotated[str, typer.Argument(help="The new stage's id, NN_name: 12_rope.")],
+    names: Annotated[
+        str, typer.Option(help="Its graded names, comma-separated, in task order: rms_norm,rotate_half.")
+    ],
+    title: Annotated[str | None, typer.Option(help="Its title (default: from its id).")] = None,
+) -> None:
+    """Write a new stage to fill in: its spec, reference, solution notebook, reference test and
+    CURRICULUM.md section, each part only you can write marked FILL IN:. Nothing grades or
+    generates the stage until every such line is written (README.md, "Adding a stage")."""
+    from autograder.grader import scaffold
+
+    try:
+        made = scaffold.new_stage(stage, names.split(","), title)
+    except scaffold.ScaffoldError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    root = scaffold.ROOT
+    where = f"before {made.before!r}" if made.before else "at the end"
+    lines = [f"wrote stage {made.stage} ({made.title!r}):"]
+    lines += [f"  {path.relative_to(root)}" for path in made.written]
+    lines += [f"  {made.curriculum.relative_to(root)}: its section, {where}", ""]
+    lines += [f"{len(made.todo())} lines to write, each marked FILL IN: (grep -rn 'FILL IN:' these files);"]
+    lines += ['then, in order (README.md, "Adding a stage"):']
+    lines += [f"  {command}" for command in scaffold.checklist(made.stage)]
+    console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -453,6 +519,9 @@ def main() -> None:
         raise
     except KeyboardInterrupt:
         sys.exit(130)
+    except UnfilledStage as exc:  # a stage new-stage scaffolded, not written yet: what to write
+        err.print(f"bertlab: {exc}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(1)
     except SandboxUnusable as exc:  # this machine, not a student: no grade is written
         err.print(f"bertlab: cannot grade here: {exc}", markup=False, highlight=False)
         err.print("`python -m autograder doctor` shows each sandbox layer.", markup=False, highlight=False)

@@ -12,7 +12,8 @@ from pathlib import Path
 import nbformat
 
 from autograder.grader import public
-from autograder.stages import load_spec
+from autograder.stages import load_spec, spec_path
+from autograder.stages.unfilled import check_filled
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,8 +48,12 @@ def _cells(path: Path) -> list[tuple[str, str, dict]]:
 
 def generate_stage(stage: str, check: bool = False) -> list[Path]:
     """Regenerate (or, with ``check``, compare) a stage's student material. Returns stale paths."""
-    spec = load_spec(stage)
     source_dir = ROOT / "solutions" / stage
+    # a stage new-stage scaffolded makes no student material until it is written: every line
+    # left in its spec, reference and notebook is named at once
+    inputs = [spec_path(stage), ROOT / "reference" / f"{stage}.py", source_dir / f"{stage}.ipynb"]
+    check_filled(stage, inputs, "its student material cannot be generated")
+    spec = load_spec(stage)
     data = source_dir / public.selfcheck_file(stage)
     released = ROOT / "assignments" / stage
     stale: list[Path] = []
@@ -72,3 +77,15 @@ def generate_stage(stage: str, check: bool = False) -> list[Path]:
             if f.is_file():
                 shutil.copyfile(f, released / f.name)
     return stale
+
+
+def why_stale(path: Path, shown: int = 5) -> list[str]:
+    """What is out of date in a file ``generate_stage(check=True)`` returned: the first
+    differences of self-check data (``public.differences``), or what a notebook lacks."""
+    if not path.is_file():
+        return ["missing"]
+    if path.name.endswith(public.selfcheck_file("")):
+        stage = path.name.removesuffix(public.selfcheck_file(""))
+        found = public.differences(public.read(path), public.build(load_spec(stage)))
+        return found[:shown] + ([f"... and {len(found) - shown} more"] if len(found) > shown else [])
+    return ["its cells differ from what nbgrader makes of the solution notebook"]

@@ -1,5 +1,6 @@
 """Stage registry: every ``NN_name.py`` here (and in ``$BERTLAB_STAGE_PATH`` directories)
-defines ``SPEC``. Adding a stage is adding a file; nothing else in the pipeline changes."""
+defines ``SPEC``. Adding a stage is adding a file; nothing else in the pipeline changes
+(``python -m autograder new-stage`` writes one to fill in; README.md, "Adding a stage")."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autograder.stages.unfilled import check_filled
+
 if TYPE_CHECKING:  # importing the spec module imports torch: stage_ids() must stay instant
     from autograder.stages.spec import StageSpec
 
 _STAGE_FILE = re.compile(r"^(\d\d_[a-z0-9_]+)\.py$")
 STAGE_PATH_ENV = "BERTLAB_STAGE_PATH"
+# the references of this checkout's stages (``reference.load``), read by the guard below
+_REFERENCE = Path(__file__).resolve().parents[2] / "reference"
 
 
 def _files() -> dict[str, Path]:
@@ -36,6 +41,9 @@ def stage_ids() -> list[str]:
 
 @cache
 def _load(stage: str, path: Path) -> StageSpec:
+    # A stage scaffolded by new-stage and not yet written must never grade (nor give data,
+    # notebooks or a zip): refused before its code runs, naming what to write.
+    check_filled(stage, [path, _REFERENCE / f"{stage}.py"])
     if path.parent == Path(__file__).parent:
         module = importlib.import_module(f"{__name__}.{stage}")
     else:
