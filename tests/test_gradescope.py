@@ -410,7 +410,7 @@ def test_gradescope_zip_makes_one_zip_per_stage_in_a_folder_it_creates(tmp_path,
 
     built: list[tuple[Path, list[str]]] = []
 
-    def record(out: Path, stages: list[str], allow_weak_sandbox: bool = False) -> Path:
+    def record(out: Path, stages: list[str], allow_weak_sandbox: bool = False, *instructor_tests) -> Path:
         built.append((out, stages))
         out.parent.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(out, "w") as zf:

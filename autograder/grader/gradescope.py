@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from autograder.grader import instructor_tests
 from autograder.grader.report import write_json
 
 if TYPE_CHECKING:
@@ -170,11 +171,19 @@ def _add(zf: zipfile.ZipFile, name: str, data: bytes, executable: bool = False) 
     zf.writestr(info, data)
 
 
-def build_zip(out: Path, stages: list[str] | None = None, allow_weak_sandbox: bool = False) -> Path:
+def build_zip(
+    out: Path,
+    stages: list[str] | None = None,
+    allow_weak_sandbox: bool = False,
+    tests: Path | None = None,
+    tests_timeout_s: float = instructor_tests.TIMEOUT_S,
+) -> Path:
     """Write Gradescope's autograder zip to ``out`` (an existing directory gets
     ``autograder.zip``; missing folders are made), grading ``stages`` (default: all).
     ``allow_weak_sandbox``: grade even where Gradescope's container lets the grader make no
-    job box (README: Security model). Returns the zip's path."""
+    job box (README: Security model). ``tests``: a folder of the instructor's own
+    gradescope-utils tests (``grader/instructor_tests.py``), run on the one stage's code
+    within ``tests_timeout_s`` in all. Returns the zip's path."""
     from autograder.stages import stage_ids
 
     known = stage_ids()
@@ -185,6 +194,21 @@ def build_zip(out: Path, stages: list[str] | None = None, allow_weak_sandbox: bo
     config = _config(chosen)
     if allow_weak_sandbox:
         config["allow_weak_sandbox"] = True
+    extra: list[tuple[str, bytes]] = []
+    if tests is not None:
+        if len(chosen) != 1:
+            raise ValueError("--tests: a zip with instructor tests grades one stage (name it with --stage)")
+        from autograder.grader.runner import Limits
+
+        cell_s = Limits().cell_s  # the tests run as one cell; in their run every cell gets their limit
+        if not tests_timeout_s >= cell_s:
+            raise ValueError(
+                f"--tests-timeout must be at least {cell_s:g} s (a notebook cell's limit), "
+                f"not {tests_timeout_s:g}"
+            )
+        extra, declared = instructor_tests.collect(tests)
+        config["instructor_tests"] = {"timeout_s": tests_timeout_s, "tests": declared}
+        config["max_score"] += sum(d["weight"] or 0 for d in declared)
     fallback = failure_results(config["max_score"], 0.0, chosen)
     out = out / "autograder.zip" if out.is_dir() else out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -196,7 +220,7 @@ def build_zip(out: Path, stages: list[str] | None = None, allow_weak_sandbox: bo
         _add(zf, CONFIG, (json.dumps(config, indent=2) + "\n").encode())
         for path, name in _project_files():
             _add(zf, name, path.read_bytes(), executable=os.access(path, os.X_OK))
-        for name, data in _expected_files(chosen):
+        for name, data in [*_expected_files(chosen), *extra]:
             _add(zf, name, data)
     tmp.replace(out)
     return out
@@ -267,9 +291,12 @@ def _student_name(root: Path) -> str:
         return "submission"
 
 
-def instructor_log(result: SubmissionResult, submission: Path, recomputed: dict[str, str]) -> str:
+def instructor_log(
+    result: SubmissionResult, submission: Path, recomputed: dict[str, str], extra: list[dict[str, Any]] = ()
+) -> str:
     """What ``run_autograder`` prints: Gradescope hides stdout from students, so this is the
-    instructors' full view (every case, hidden ones included), scores as the table shows them."""
+    instructors' full view (every case, hidden ones included), scores as the table shows them;
+    ``extra``: the instructor's own tests' entries."""
     from rich.console import Console
 
     from autograder.grader.report import test_table, to_gradescope
@@ -288,10 +315,30 @@ def instructor_log(result: SubmissionResult, submission: Path, recomputed: dict[
         score = f"{points(entry['score'])}/{points(entry['max_score'])}"
         lines.append(f"\n== {entry['number']} {entry['name']}: {score}")
         lines.append(entry["output"])
+    for entry in extra:
+        score = (
+            f"{points(entry['score'])}/{points(entry['max_score'])}" if "max_score" in entry else "no score"
+        )
+        lines.append(
+            f"\n== instructor test {entry['name']}: {score}, {entry['status']}, {entry['visibility']}"
+        )
+        lines.append(entry["output"])
     table = io.StringIO()
     Console(width=160, file=table).print(test_table(result))
     lines.append(table.getvalue())
     return "\n".join(lines)
+
+
+def _instructor_tests(
+    config: dict[str, Any], grader: Any, submission: Path, stages: list[str]
+) -> list[dict[str, Any]]:
+    """The entries of the instructor's own tests, when the zip has them (none otherwise)."""
+    own = config.get("instructor_tests")
+    if not own:
+        return []
+    declared = [instructor_tests.Declared.from_json(d) for d in own["tests"]]
+    folder = PROJECT / instructor_tests.FOLDER
+    return instructor_tests.run(grader, submission, stages[0], folder, declared, float(own["timeout_s"]))
 
 
 def run(root: Path) -> int:
@@ -324,10 +371,13 @@ def run(root: Path) -> int:
         with open_grader(config.get("device", "cpu"), None, SUBMISSION_S, server=server) as grader:
             # the stages side by side, each in its own child, on the container's cores
             result = grader.grade(submission, stages, student=_student_name(root), workers=default_workers())
-        data = student_view(result)
+            data = student_view(result)
+            extra = _instructor_tests(config, grader, submission, stages)
+        data["tests"] += extra
+        data["score"] = round(data["score"] + sum(e.get("score", 0) for e in extra), 4)
         data["execution_time"] = round(time.monotonic() - t0, 3)
         write_json(data, results)
-        print(instructor_log(result, submission, grader.recomputed), end="")
+        print(instructor_log(result, submission, grader.recomputed, extra), end="")
         return 0
     except BaseException:  # a grader fault (or a kill by Gradescope's timeout): say so, score 0
         print("bertlab: the autograder failed:", flush=True)
@@ -394,6 +444,17 @@ def command(
             "grades nothing."
         ),
     ] = False,
+    tests: Annotated[
+        Path | None,
+        typer.Option(
+            help="A folder of your own unittest files with gradescope-utils' decorators (@weight, "
+            "@visibility, @number, ...): they run on the student's code (imported as `submission`) "
+            "and land in the same results.json. Needs one --stage."
+        ),
+    ] = None,
+    tests_timeout: Annotated[
+        float, typer.Option(help="Seconds all of a submission's --tests may take together.")
+    ] = instructor_tests.TIMEOUT_S,
 ) -> None:
     """Build Gradescope's autograder zips (setup.sh, run_autograder, requirements, the
     reference and hidden cases): by default one per stage, to upload as the autograder of
@@ -403,15 +464,19 @@ def command(
 
     groups = [list(stage)] if stage else [[s] for s in stage_ids()]
     try:
+        if tests is not None and not stage:
+            raise ValueError("--tests: name the stage they test with --stage (their zip grades that stage)")
         paths = zip_paths(out, groups)
         for path, group in zip(paths, groups, strict=True):
-            build_zip(path, group, allow_weak_sandbox)
+            build_zip(path, group, allow_weak_sandbox, tests, tests_timeout)
             with zipfile.ZipFile(path) as zf:
                 config = json.loads(zf.read(CONFIG))
                 n = len(zf.namelist())
+            own = config.get("instructor_tests", {}).get("tests", [])
+            also = f" and {len(own)} instructor tests" if own else ""
             typer.echo(
                 f"{path}: {n} files, {path.stat().st_size / 1e6:.1f} MB; grades "
-                f"{', '.join(config['stages'])} for {config['max_score']:g} points "
+                f"{', '.join(config['stages'])}{also} for {config['max_score']:g} points "
                 "(set the assignment's autograder points to match)"
             )
     except ValueError as exc:

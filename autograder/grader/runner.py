@@ -639,6 +639,7 @@ def run_submission(
     hidden_inputs: bytes = b"",
     enough: Callable[[dict[int, CallOutcome]], bool] | None = None,
     ladder: Ladder | None = None,
+    stdout_bytes: int = MAX_STDOUT,
 ) -> RunReport:
     """Run one submission's code and calls in children; return what they produced.
     ``parts``: the same submission's earlier stages this one loads (``autograder.runtime.parts``).
@@ -648,7 +649,8 @@ def run_submission(
     True stops the child there, and the calls left are "skipped" (a counterexample search
     that has its answer). ``ladder``: small inputs the child runs, as ``ladder.next`` says,
     between its public calls and the hidden ones (their outcomes join the report's); the
-    time they take is not the submission's (its budget grows by ``ladder.spent_s``)."""
+    time they take is not the submission's (its budget grows by ``ladder.spent_s``).
+    ``stdout_bytes``: how much of what the children printed the report holds."""
     t0 = time.monotonic()
     watch = _Watch(calls, len(cells), ladder is not None)
 
@@ -771,7 +773,7 @@ def run_submission(
                             if not watch.released:
                                 # what it printed so far is the student's to see; whatever
                                 # comes after may hold hidden inputs
-                                clean_stdout = _read_head(job / "stdout.txt", MAX_STDOUT)
+                                clean_stdout = _read_head(job / "stdout.txt", stdout_bytes)
                                 _write_hidden(hidden_file, hidden, hidden_inputs)
                                 watch.released = watch.tainted = True
                             answer = wire.command(wire.HIDDEN)
@@ -866,7 +868,7 @@ def run_submission(
             if time.monotonic() >= deadline():
                 break
         finish_outcomes(calls, outcomes, stopped)
-        stdout = _read_head(job / "stdout.txt", MAX_STDOUT)
+        stdout = _read_head(job / "stdout.txt", stdout_bytes)
         report = RunReport(
             outcomes,
             watch.cell_errors,
@@ -905,6 +907,7 @@ def run_public(
     parts: dict[str, list[tuple[str, str]]] | None = None,
     enough: Callable[[dict[int, CallOutcome]], bool] | None = None,
     ladder: Ladder | None = None,
+    stdout_bytes: int = MAX_STDOUT,
 ) -> RunReport:
     """Run a submission's code and public calls only, in fresh children that never receive
     a hidden input: there is no hidden phase (the plan says none, so a child neither opens
@@ -918,7 +921,17 @@ def run_public(
     # ending in the background: its uid's processes are swept before a new child exists
     server.drain()
     report = run_submission(
-        server, cells, module_name, calls, inputs, device, limits, parts, enough=enough, ladder=ladder
+        server,
+        cells,
+        module_name,
+        calls,
+        inputs,
+        device,
+        limits,
+        parts,
+        enough=enough,
+        ladder=ladder,
+        stdout_bytes=stdout_bytes,
     )
     if report.private_stdout or report.private_notes or report.private_cell_errors:
         raise RuntimeError("a public-only run released hidden inputs")  # cannot happen: none were given
