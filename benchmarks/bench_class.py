@@ -77,6 +77,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -458,18 +459,25 @@ class StageClock:
         self._lock = threading.Lock()
         self._restore: list[tuple[Any, str, Any]] = []
 
-    def _wrap(self, owner: Any, name: str, into: dict[tuple[str, str], float]) -> None:
+    def _wrap(
+        self,
+        owner: Any,
+        name: str,
+        into: dict[tuple[str, str], float],
+        key_of: Callable[..., tuple[str, str]],
+    ) -> None:
+        """Time ``owner.name``'s calls into ``into``, keyed by ``key_of(*args)``."""
         original = getattr(owner, name)
         lock, started, worker = self._lock, self.started, self.worker
 
-        def timed(this: Any, submission: Path, stage: str, *args: Any, **kwargs: Any) -> Any:
+        def timed(this: Any, *args: Any, **kwargs: Any) -> Any:
             t = time.perf_counter()
-            key = (Path(submission).name, stage)
+            key = key_of(*args)
             with lock:
                 started.setdefault(key, t)
                 worker.setdefault(key, threading.get_ident())
             try:
-                return original(this, submission, stage, *args, **kwargs)
+                return original(this, *args, **kwargs)
             finally:
                 with lock:
                     into[key] = into.get(key, 0.0) + time.perf_counter() - t
@@ -481,10 +489,14 @@ class StageClock:
         from autograder.grader import counterexample
         from autograder.grader.grade import Grader
 
-        self._wrap(Grader, "grade_stage", self.seconds)
+        self._wrap(
+            Grader, "grade_stage", self.seconds, lambda submission, stage, *_: (Path(submission).name, stage)
+        )
         searcher = getattr(counterexample, "Counterexamples", None)
-        if searcher is not None and hasattr(searcher, "for_stage"):
-            self._wrap(searcher, "for_stage", self.search)
+        if searcher is not None and hasattr(searcher, "for_stage"):  # for_stage(job, names)
+            self._wrap(
+                searcher, "for_stage", self.search, lambda job, *_: (Path(job.submission).name, job.stage)
+            )
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -393,10 +393,10 @@ def test_a_stage_the_grader_fails_on_is_an_error_row_graded_again_and_not_export
 
     real = Grader._grade_stage
 
-    def faulty(self, submission, stage):
-        if submission.name == "mallory":
+    def faulty(self, job):
+        if job.submission.name == "mallory":
             raise RuntimeError("a bug in the grader")
-        return real(self, submission, stage)
+        return real(self, job)
 
     monkeypatch.setattr(Grader, "_grade_stage", faulty)
     db = tmp_path / "book.sqlite"

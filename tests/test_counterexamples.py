@@ -362,7 +362,7 @@ def test_a_hanging_name_costs_one_small_limit(grader):
     limits = search.limits(plan)
     assert limits.call_s == RUNG_CALL_S < plan.spec.call_timeout_s
     t0 = time.monotonic()
-    found = search.for_stage(CLASS / "leo_infinite_loop", "01_attention", {"causal_mask"})
+    found = search.for_stage(grader.jobs(CLASS / "leo_infinite_loop").job("01_attention"), {"causal_mask"})
     assert found == {} and time.monotonic() - t0 < limits.call_s + 5.0
 
 
@@ -428,7 +428,9 @@ def test_a_name_failing_a_public_case_finds_its_counterexample_in_the_grading_ch
     shown = [t.counterexample for t in r.stages[0].tests if t.counterexample]
     assert shown and all(c == shown[0] for c in shown) and forks.children == 1
     ce = shown[0]
-    alone = grader.counterexamples.for_stage(CLASS / "bob_missing_scale", "01_attention", {ce.function})
+    alone = grader.counterexamples.for_stage(
+        grader.jobs(CLASS / "bob_missing_scale").job("01_attention"), {ce.function}
+    )
     assert alone == {ce.function: ce}
 
 

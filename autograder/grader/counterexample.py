@@ -43,18 +43,16 @@ import time
 import traceback
 from collections.abc import Collection
 from functools import cached_property
-from pathlib import Path
 from typing import Any, Protocol
 
 import safetensors.torch
 
+from autograder.grader.job import Jobs, StageJob
 from autograder.grader.plan import PlannedCase, StagePlan, rung_call_s
 from autograder.grader.runner import CallOutcome, ForkServer, Limits, Planned, finish_outcome, run_public
 from autograder.runtime.check import check_case
 from autograder.runtime.counterexample import NOT_A_COUNTEREXAMPLE, Pick, counterexample, literal
-from autograder.runtime.load import LoadError, load_source
 from autograder.runtime.results import CaseResult, Counterexample, StageResult, TestResult
-from autograder.runtime.submission import Submission
 from autograder.stages.spec import CaseData, Graded
 
 
@@ -69,8 +67,6 @@ class Grader(Protocol):
     def server(self) -> ForkServer: ...
 
     def plan(self, stage: str) -> StagePlan: ...
-
-    def _parts(self, submission: Submission, path: Path, spec: Any) -> tuple[dict, list[str]]: ...
 
 
 RUN_S = 20.0  # the whole search of one submission's stage
@@ -235,7 +231,7 @@ class Counterexamples:
             submission_s=min(own.submission_s, RUN_S),
         )
 
-    def attach(self, submission: Path, results: list[StageResult]) -> None:
+    def attach(self, jobs: Jobs, results: list[StageResult]) -> None:
         """Give each failing test of ``results`` that has no counterexample yet, of a name
         that failed no public case (those were searched in the grading child), its name's."""
         for result in results:
@@ -246,7 +242,7 @@ class Counterexamples:
             if not names:
                 continue
             try:
-                found = self.for_stage(submission, result.stage, names)
+                found = self.for_stage(jobs.job(result.stage), names)
             except Exception:  # the grade stands without its counterexamples; this is our bug
                 traceback.print_exc(file=sys.stderr)
                 continue
@@ -254,32 +250,23 @@ class Counterexamples:
                 if _searchable(t) and t.function in found:
                     t.counterexample = found[t.function]
 
-    def for_stage(self, submission: Path, stage: str, names: set[str]) -> dict[str, Counterexample]:
+    def for_stage(self, job: StageJob, names: set[str]) -> dict[str, Counterexample]:
         """``names``' counterexamples, searched in a fresh child that is never given a hidden
         input (its only calls are small inputs)."""
-        plan = self.grader.plan(stage)
+        plan = self.grader.plan(job.stage)
         names = {pc.graded.name for pc in plan.rungs if pc.graded.name in names}
-        if not names:
+        if not names or job.source is None:
             return {}
-        handed_in = Submission(submission)
-        try:
-            path = handed_in.file(stage)
-            if path is None:
-                return {}
-            source = load_source(path, stage)
-        except LoadError:
-            return {}
-        parts, _ = self.grader._parts(handed_in, path, plan.spec)
         search = self.search(plan, names)
         run_public(
             self.grader.server,
-            source.cells,
-            source.module_name,
+            job.source.cells,
+            job.source.module_name,
             [],
             safetensors.torch.save({}),
             self.grader.device,
             self.limits(plan),
-            parts,
+            job.parts,
             ladder=search,
         )
         return search.found()

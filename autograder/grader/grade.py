@@ -20,6 +20,7 @@ import torch
 
 from autograder.grader import expected
 from autograder.grader.counterexample import Counterexamples
+from autograder.grader.job import Jobs, StageJob
 from autograder.grader.launch import PLOTS, Launched, plot_extras
 from autograder.grader.plan import StagePlan
 from autograder.grader.runner import (
@@ -29,7 +30,6 @@ from autograder.grader.runner import (
 )
 from autograder.grader.score import cell_notes, lost_names, score_stage
 from autograder.runtime.load import LoadError, load_source
-from autograder.runtime.parts import Cells
 from autograder.runtime.results import StageResult, SubmissionResult, points
 from autograder.runtime.submission import Submission
 from autograder.sandbox.forkserver import DRIVER_PREFIX
@@ -70,18 +70,31 @@ class Grader:
         # stage -> why its expected values were computed here, not read from the store
         self.recomputed: dict[str, str] = {}
         self._plans: dict[str, StagePlan] = {}
+        self._specs: dict[str, StageSpec] = {}  # each stage's spec, looked up once
         self._server: ForkServer | None = None
         self._launched = server
         # one Grader may serve several threads (batch's workers): what it builds once is
         # built under this lock; grading itself shares nothing mutable
         self._lock = threading.RLock()
 
+    def spec(self, stage: str) -> StageSpec:
+        """``stage``'s spec, looked up once per grader."""
+        spec = self._specs.get(stage)
+        if spec is None:
+            with self._lock:
+                spec = self._specs.setdefault(stage, load_spec(stage))
+        return spec
+
+    def jobs(self, submission: Path) -> Jobs:
+        """``submission``'s stage jobs, each found and read once (``grader/job.py``)."""
+        return Jobs(submission, self.spec, self.limits)
+
     def plan(self, stage: str) -> StagePlan:
         plan = self._plans.get(stage)
         if plan is None:
             with self._lock:
                 if stage not in self._plans:
-                    planned, why = expected.plan(load_spec(stage), self.device, self.expected_dir)
+                    planned, why = expected.plan(self.spec(stage), self.device, self.expected_dir)
                     if why is not None and self.expected_dir is not None:
                         self.recomputed[stage] = why
                     self._plans[stage] = planned
@@ -91,7 +104,7 @@ class Grader:
     def outline(self, stage: str) -> StagePlan:
         """``stage``'s cases without inputs or expected values: what scoring a stage that
         runs nothing needs (its plan if there is one already)."""
-        return self._plans.get(stage) or StagePlan.outline(load_spec(stage), self.device)
+        return self._plans.get(stage) or StagePlan.outline(self.spec(stage), self.device)
 
     @property
     def server(self) -> ForkServer:
@@ -106,10 +119,10 @@ class Grader:
         """Start the fork server (it warms up meanwhile) and compute ``stages``' expected
         values and those of the stages they run, before any submission is graded."""
         self.server  # noqa: B018  (starts it)
-        for stage in sorted(set(stages) | {dep for s in stages for dep in requires(s)}):
+        for stage in sorted(set(stages) | {dep for s in stages for dep in requires(s, self.spec)}):
             plan = self.plan(stage)
             plan.inputs_file, plan.hidden_file  # noqa: B018  (serialised once, here)
-            self.server.warm(_driver_extras(plan.spec))  # a class's children all inherit them
+            self.server.warm(self._driver_extras(plan.spec))  # a class's children all inherit them
         self.server.wait_ready()  # a sandbox that cannot run student code fails here, once
 
     def warm_for(self, units: list[tuple[Path, str]], files: int = 12) -> None:
@@ -123,7 +136,7 @@ class Grader:
         # (already asked before torch loaded, by the command that launched the server: not read again)
         extras = set() if "matplotlib" in self.server._warmed else plot_extras(units, files)
         for stage in {stage for _, stage in units}:
-            extras |= _driver_extras(load_spec(stage))
+            extras |= self._driver_extras(self.spec(stage))
         self.server.warm(extras)
         # while the server loads them: the first file read as grading reads it, so that what
         # reading needs (IPython's transformer, for a magic line) is imported now, not when
@@ -150,10 +163,11 @@ class Grader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def grade_stage(self, submission: Path, stage: str) -> StageResult:
-        """Grade one stage; a fault of the grader itself costs this stage only, loudly."""
+    def grade_stage(self, submission: Path, stage: str, job: StageJob | None = None) -> StageResult:
+        """Grade one stage (``job``: its job, when the caller resolved it); a fault of the
+        grader itself costs this stage only, loudly."""
         try:
-            return self._grade_stage(submission, stage)
+            return self._grade_stage(job or self.jobs(submission).job(stage))
         except Exception as exc:
             traceback.print_exc(file=sys.stderr)  # for the TA: this is our bug, not the student's
             message = (
@@ -164,35 +178,14 @@ class Grader:
             result.grader_fault = True
             return result
 
-    def _grade_stage(self, submission: Path, stage: str) -> StageResult:
-        handed_in = Submission(submission)
-        try:
-            path = handed_in.file(stage)
-        except LoadError as exc:
-            return score_stage(self.outline(stage), None, None, [str(exc)], failure=str(exc))
-        if path is None:
-            return score_stage(
-                self.outline(stage),
-                None,
-                None,
-                [],
-                failure=f"not submitted: no {stage}.ipynb or {stage}.py in the submission; it scores 0",
-            )
-        shown = path.name if submission.is_dir() else submission.name
-        try:
-            source = load_source(path, stage)
-        except LoadError as exc:
-            return score_stage(self.outline(stage), shown, None, [str(exc)], failure=str(exc))
-        plan = self.plan(stage)
-        spec_limits = Limits(
-            call_s=self.limits.call_s or plan.spec.call_timeout_s,
-            cell_s=self.limits.cell_s,
-            submission_s=self.limits.submission_s,
-        )
-        parts, part_notes = self._parts(handed_in, path, plan.spec)
-        code = [text for _, text in source.cells] + [text for cells in parts.values() for _, text in cells]
-        plots = {"matplotlib"} if any(PLOTS.search(text) for text in code) else set()
-        self.server.warm(_driver_extras(plan.spec) | plots)
+    def _grade_stage(self, job: StageJob) -> StageResult:
+        if job.source is None:  # not handed in, or not readable: it runs nothing
+            assert job.failure is not None
+            notes = [job.failure] if job.handed_in else []
+            return score_stage(self.outline(job.stage), job.shown, None, notes, failure=job.failure)
+        plan = self.plan(job.stage)
+        source = job.source
+        self.server.warm(self._driver_extras(plan.spec) | _plots(job))
         search = self.counterexamples.search(plan) if self.counterexamples is not None else None
         report = run_submission(
             self.server,
@@ -201,16 +194,16 @@ class Grader:
             plan.calls,
             plan.inputs_file,
             self.device,
-            spec_limits,
-            parts,
+            job.limits,
+            job.parts,
             hidden_inputs=plan.hidden_file,
             ladder=search,
         )
         result = score_stage(
             plan,
-            shown,
+            job.shown,
             report.calls,
-            part_notes + source.notes + cell_notes(source, report.cell_errors, report.notes),
+            job.part_notes + source.notes + cell_notes(source, report.cell_errors, report.notes),
             stdout=report.stdout,
             lost=lost_names(plan.spec, source, report),
             keep_arrays=self.keep_arrays,
@@ -222,23 +215,6 @@ class Grader:
             search.attach(result)
         return result
 
-    def _parts(
-        self, submission: Submission, path: Path, spec: StageSpec
-    ) -> tuple[dict[str, Cells], list[str]]:
-        """The submission's own files of the stages ``spec`` builds on (and theirs, in turn)."""
-        parts: dict[str, Cells] = {}
-        notes: list[str] = []
-        for stage in requires(spec.id):
-            try:
-                dep = submission.earlier(stage, path, of=spec.id)
-                if dep is None:
-                    notes.append(f"this stage uses your {stage}, which is not in the submission")
-                    continue
-                parts[stage] = load_source(dep, stage).cells
-            except LoadError as exc:
-                notes.append(f"this stage uses your {stage}, which cannot be read: {exc}")
-        return parts, notes
-
     def grade(
         self, submission: Path, stages: list[str], student: str | None = None, workers: int = 1
     ) -> SubmissionResult:
@@ -249,10 +225,14 @@ class Grader:
         # stage. Each stage's expected values are read (``plan``) where it is graded, not
         # all of them first: in a cold grade of several stages side by side, one stage's
         # child runs while the next stage's values load (batch's ``prepare`` planned its own).
-        held = [s for s in stages if Submission(submission).holds(s)]
+        jobs = self.jobs(submission)
+        held = [s for s in stages if jobs.holds(s)]
         if held and self._server is None:  # a cold start (batch's ``prepare`` warmed its own)
-            self.warm_for([(submission, s) for s in held])
+            # what the children will need, asked for while this process reads the files
+            self.server.warm(set().union(*(self._driver_extras(self.spec(s)) for s in held)))
+        todo = {s: jobs.job(s) for s in stages}  # found and read once, here, before any thread
         if held:
+            self.server.warm(set().union(*map(_plots, todo.values())))
             self.server.wait_ready()
         t0 = time.monotonic()
         if workers > 1 and len(held) > 1:
@@ -261,33 +241,30 @@ class Grader:
             with cf.ThreadPoolExecutor(
                 min(workers, len(held)), initializer=torch.set_num_threads, initargs=(1,)
             ) as pool:
-                futures = {s: pool.submit(self.grade_stage, submission, s) for s in reversed(stages)}
+                futures = {s: pool.submit(self.grade_stage, submission, s, todo[s]) for s in reversed(stages)}
                 results = [futures[s].result() for s in stages]
         else:
-            results = [self.grade_stage(submission, s) for s in stages]
+            results = [self.grade_stage(submission, s, todo[s]) for s in stages]
         if self.counterexamples is not None:
-            self.counterexamples.attach(submission, results)
-        self._blame_earlier_stages(submission, results)
-        handed_in = Submission(submission)
-        name = student or handed_in.name
-        nothing = handed_in.nothing_found(stages)
+            self.counterexamples.attach(jobs, results)
+        self._blame_earlier_stages(jobs, results)
+        name = student or jobs.submission.name
+        nothing = jobs.submission.nothing_found(stages, jobs.holds)
         return SubmissionResult(name, results, time.monotonic() - t0, notes=[nothing] if nothing else [])
 
-    def _blame_earlier_stages(self, submission: Path, results: list[StageResult]) -> None:
+    def _blame_earlier_stages(self, jobs: Jobs, results: list[StageResult]) -> None:
         """A stage that runs the student's earlier stages and loses points says which of
         those lose points too: their mistakes may be what fails here. An earlier stage not
         asked for is graded for this purpose only (failing submissions pay for it)."""
         by_stage = {r.stage: r for r in results}
-        handed_in = Submission(submission)
         for r in results:
             if r.score >= r.max_score:
                 continue
             failing = []
-            for dep in sorted(requires(r.stage)):
-                if not _runs_own(handed_in, r.stage, dep):
-                    continue  # it ran no file of the student's for dep: nothing there to fix
+            # the earlier stages it ran the student's own file of: nothing else to fix there
+            for dep in sorted(jobs.job(r.stage).own_earlier):
                 if dep not in by_stage:
-                    by_stage[dep] = self.grade_stage(submission, dep)
+                    by_stage[dep] = self.grade_stage(jobs.path, dep, jobs.job(dep))
                 d = by_stage[dep]
                 if d.file is not None and d.score < d.max_score:
                     failing.append(f"{dep} ({points(d.score)}/{points(d.max_score)})")
@@ -302,19 +279,16 @@ class Grader:
                     if t.score < t.max_score:
                         t.blame.append(note)
 
-
-def _runs_own(handed_in: Submission, stage: str, dep: str) -> bool:
-    """Whether grading ``stage`` ran the student's own file of ``dep`` (as ``Grader._parts``
-    finds it): a single file handed in is no earlier stage's, and a missing one is none."""
-    try:
-        graded = handed_in.file(stage)
-        return graded is not None and handed_in.earlier(dep, graded, of=stage) is not None
-    except LoadError:
-        return False
+    def _driver_extras(self, spec: StageSpec) -> set[str]:
+        """What the fork server loads for children that grade ``spec``: the ``warm_up`` of
+        its drivers' modules, and of the stages it runs (11 loads the weights through 09's)."""
+        specs = [spec, *(self.spec(s) for s in requires(spec.id, self.spec))]
+        return {DRIVER_PREFIX + g.driver.split(":")[0] for s in specs for g in s.graded if g.driver}
 
 
-def _driver_extras(spec: StageSpec) -> set[str]:
-    """What the fork server loads for children that grade ``spec``: the ``warm_up`` of its
-    drivers' modules, and of the stages it runs (11 loads the weights through 09's)."""
-    specs = [spec, *(load_spec(s) for s in requires(spec.id))]
-    return {DRIVER_PREFIX + g.driver.split(":")[0] for s in specs for g in s.graded if g.driver}
+def _plots(job: StageJob) -> set[str]:
+    """matplotlib, for a child whose cells (its own, or an earlier stage's it runs) plot."""
+    if job.source is None:
+        return set()
+    code = [text for cells in (job.source.cells, *job.parts.values()) for _, text in cells]
+    return {"matplotlib"} if any(PLOTS.search(text) for text in code) else set()

@@ -346,34 +346,31 @@ def run(
     import safetensors.torch
 
     from autograder.grader.runner import Limits, run_public
-    from autograder.runtime.load import LoadError, load_source
-    from autograder.runtime.submission import Submission
 
-    handed_in = Submission(submission)
-    path = handed_in.file(stage)
-    if path is None:
-        return entries(declared, "", f"no {stage} file in the submission")
-    try:
-        source = load_source(path, stage)
-    except LoadError as exc:
-        return entries(declared, "", f"the submission cannot be read ({exc})")
+    job = grader.jobs(submission).job(stage)
+    if job.source is None:
+        why = (
+            f"its {stage} file cannot be read: {job.failure}"
+            if job.handed_in
+            else f"no {stage} file in the submission"
+        )
+        return entries(declared, "", why)
     # files without tests first: the tests' own helpers, which test files import
     has_tests = {d.id.split(".", 1)[0] for d in declared}
     files = sorted(folder.glob("*.py"), key=lambda p: (p.stem in has_tests, p.name))
     sources = [(check_stem(p), p.read_text()) for p in files]
-    parts, _ = grader._parts(handed_in, path, grader.plan(stage).spec)
-    own = grader.limits
+    own = job.limits
     limits = Limits(call_s=own.call_s, cell_s=timeout_s, submission_s=own.submission_s + timeout_s)
-    cells = [*source.cells, ("instructor tests", cell(sources))]
+    cells = [*job.source.cells, ("instructor tests", cell(sources))]
     report = run_public(
         grader.server,
         cells,
-        source.module_name,
+        job.source.module_name,
         [],
         safetensors.torch.save({}),
         grader.device,
         limits,
-        parts,
+        job.parts,
         stdout_bytes=MAX_READ,
     )
     failure = report.cell_errors.get(len(cells) - 1)

@@ -627,6 +627,339 @@ class _Watch:
         return outcome
 
 
+@dataclass
+class _Child:
+    """One child of a submission's run: its pid, how its exit is learnt, its pipes."""
+
+    pid: int
+    exits: Queue
+    events: _Events
+    control_w: int
+    timed_out: bool = False  # a cell, a call or the submission ran out of time
+    refused: bool = False  # it closed the pipe its go-ahead comes through
+    code: int | None = None  # its exit status, once reaped
+
+
+class _SubmissionRun:
+    """One submission's run, in the steps the parent takes: ``start`` the job (its
+    directory, uid lease, box), then per child ``fork`` it, ``watch`` it run the cells and
+    public calls while ``answer``ing each "what next?" (a small input, the hidden inputs'
+    ``release``, or done), ``reap`` it, and ``charge`` a hang or crash to what was running
+    before the next child resumes after it; finally ``collect`` the report and ``stop``
+    the job (now, or once its last child is reaped). ``run_submission`` says what each
+    argument is."""
+
+    def __init__(
+        self,
+        server: ForkServer,
+        cells: list[tuple[str, str]],
+        module_name: str,
+        calls: list[Planned],
+        inputs: bytes,
+        device: str,
+        limits: Limits,
+        parts: dict[str, list[tuple[str, str]]] | None,
+        hidden_inputs: bytes,
+        enough: Callable[[dict[int, CallOutcome]], bool] | None,
+        ladder: Ladder | None,
+        stdout_bytes: int,
+    ) -> None:
+        self.t0 = time.monotonic()
+        self.server, self.cells, self.module_name, self.calls = server, cells, module_name, calls
+        self.inputs, self.device, self.limits, self.parts = inputs, device, limits, parts
+        self.hidden_inputs, self.enough, self.ladder, self.stdout_bytes = (
+            hidden_inputs,
+            enough,
+            ladder,
+            stdout_bytes,
+        )
+        self.watch = _Watch(calls, len(cells), ladder is not None)
+        self.outcomes = self.watch.outcomes
+        self.by_index = self.watch.by_index
+        self.hidden = [c for c in calls if c.hidden]
+        self.skip_cells: list[int] = []
+        self.crashes: dict[str, int] = {}
+        self.restarts = 0
+        names = len({c.name for c in calls})
+        # a small input that hangs or crashes stops its name's small inputs: one restart each
+        self.max_restarts = MAX_RESTARTS + 2 * names + (names if ladder else 0)
+        self.stopped = f"not run: the submission used up its {limits.submission_s:g} s"
+        self.satisfied = False  # ``enough`` said so: the child was stopped on purpose
+        self.received = 0  # bytes from every child of this submission
+        self.clean_stdout: str | None = None  # what the code printed before it received hidden inputs
+        self.last_exit: Queue | None = None
+        self.job_end = contextlib.ExitStack()  # the job dir and the uid lease: closed now, or deferred
+        self.ladder_written = False
+
+    def deadline(self) -> float:
+        """The submission's end: its budget, and the time its small inputs took on top."""
+        return self.t0 + self.limits.submission_s + (self.ladder.spent_s if self.ladder is not None else 0.0)
+
+    def run(self) -> RunReport:
+        deferred = False
+        try:
+            self.start()
+            while True:
+                child = self.fork()
+                try:
+                    self.watch_child(child)
+                finally:
+                    self.reap(child)
+                if not self.after(child):
+                    break
+            report = self.collect()
+            deferred = self.stop()
+            return report
+        finally:
+            if not deferred:
+                self.job_end.close()
+
+    def start(self) -> None:
+        """The job: a directory the child's uid may pass through to its work dir, a uid
+        lease, a box (namespaces, cgroups) where the machine allows one, and the files the
+        child reads (its plan, the public inputs; the hidden and small inputs' files empty)."""
+        tmp = self.job_end.enter_context(tempfile.TemporaryDirectory(prefix="bertlab-job-"))
+        boxes = confine.box_support()
+        # in a box every process of the job dies with its PID namespace: no sweep by uid
+        self.uid = self.job_end.enter_context(confine.lease_uid(sweep=boxes.mode is None))
+        job = self.job = Path(tmp)
+        (job / "work").mkdir()
+        os.chmod(job, 0o711)  # the child's unprivileged uid may pass through to its work dir
+        budget = confine.Budget()
+        self.box = jail.job_box(
+            boxes, job, self.uid, budget.work_dir_bytes, budget.memory_bytes, budget.processes, self.device
+        )
+        self.cgroups: list[jail.JobCgroup] = []  # one per child (each is made by its init)
+
+        @self.job_end.callback
+        def _remove_cgroups() -> None:
+            for cgroup in self.cgroups:
+                cgroup.kill()
+                cgroup.remove()
+
+        plan = {
+            "module_name": self.module_name,
+            "device": self.device,
+            "cells": self.cells,
+            "calls": [c.to_json() for c in self.calls if not c.hidden],
+            "hidden": len(self.hidden),
+            "ladder": self.ladder is not None,
+            "parts": self.parts or {},
+        }
+        (job / "plan.json").write_text(json.dumps(plan))
+        (job / "inputs.safetensors").write_bytes(self.inputs)
+        # empty until released: the child opens it before it is confined, and reads it only
+        # once the parent has written the hidden calls into it
+        self.hidden_file = job / "hidden.bin"
+        self.hidden_file.touch(mode=0o600)
+        self.ladder_file = job / "ladder.bin"  # likewise: written when a first small input is asked for
+        if self.ladder is not None:
+            self.ladder_file.touch(mode=0o600)
+
+    def fork(self) -> _Child:
+        """A child that resumes after every cell and call already charged."""
+        resume = {"skip_cells": self.skip_cells, "skip_calls": sorted(self.outcomes), "uid": self.uid}
+        (self.job / "resume.json").write_text(json.dumps({**resume, "boxed": self.box is not None}))
+        r, w = os.pipe()
+        control_r, control_w = os.pipe()
+        try:
+            pid, exits, made = self.server.fork(self.job, w, control_r, self.box)
+            if made is not None:
+                self.cgroups.append(jail.JobCgroup(*made))
+        except BaseException:  # no child: the parent's ends go too
+            os.close(r)
+            os.close(control_w)
+            raise
+        finally:
+            os.close(w)
+            os.close(control_r)
+        watch = self.watch
+        watch.new_child(tainted=watch.released)
+        events = _Events(r, watch.handle, watch.raw_limit, min(MAX_CHILD_BYTES, MAX_RECEIVED - self.received))
+        return _Child(pid, exits, events, control_w)
+
+    def watch_child(self, child: _Child) -> None:
+        """Read the child's events (its cells, then its public calls) until it is done, dies,
+        runs out of time, or ``enough`` has what it needs; answer each "what next?"."""
+        watch, events, outcomes = self.watch, child.events, self.outcomes
+        while not (watch.finished or events.eof):
+            now = time.monotonic()
+            if watch.current and watch.current[0] == "call":
+                limit = self.by_index[watch.current[1]].call_s or self.limits.call_s
+            else:
+                limit = self.limits.cell_s
+            # explicit deadlines: a child that keeps talking does not stop the clocks
+            wait = min(watch.started + limit, self.deadline()) - now
+            ended = len(outcomes)
+            if wait <= 0 or not events.read(wait):
+                child.timed_out = True
+                return
+            if self.enough is not None and len(outcomes) != ended:
+                for i in list(outcomes)[ended:]:  # the calls that just ended (insertion order)
+                    finish_outcome(self.by_index[i], outcomes)
+                if self.enough(outcomes):
+                    self.satisfied = True
+                    return
+            if watch.asks:
+                watch.asks = False
+                watch.started = time.monotonic()
+                try:
+                    os.write(child.control_w, self.answer())
+                except OSError:  # it closed its end (EPIPE): ended as a crash, not a grader fault
+                    child.refused = True
+                    return
+
+    def answer(self) -> bytes:
+        """What the child that asks "what next?" does: a small input (``ladder.next``), the
+        hidden calls (``release``), or nothing more."""
+        rung = None if self.watch.released or self.ladder is None else self.ladder.next(self.outcomes)
+        if rung is not None:
+            if not self.ladder_written:
+                _write_hidden(self.ladder_file, self.ladder.calls, self.ladder.inputs)
+                self.ladder_written = True
+            self.watch.add_rung(rung)
+            return wire.command(wire.RUN, rung.index)
+        if self.hidden:
+            if not self.watch.released:
+                self.release()
+            return wire.command(wire.HIDDEN)
+        return wire.command(wire.DONE)
+
+    def release(self) -> None:
+        """Give the hidden inputs: what the code printed so far is the student's to see;
+        whatever comes after may hold hidden inputs (the watcher taints it)."""
+        self.clean_stdout = _read_head(self.job / "stdout.txt", self.stdout_bytes)
+        _write_hidden(self.hidden_file, self.hidden, self.hidden_inputs)
+        self.watch.released = self.watch.tainted = True
+
+    def reap(self, child: _Child) -> None:
+        """Kill the child's process group; unless it finished, wait for its exit and sweep
+        what it left (its cgroup; without a box, its uid's processes)."""
+        watch, events = self.watch, child.events
+        ended = None
+        if events.eof and not events.cut_off and not watch.finished:
+            # the pipe closed, most often because the child ended: how it ended is known
+            # once it is reaped (in a box, its init reaps it and then ends), so it is
+            # waited for a moment before the kill
+            try:
+                ended = child.exits.get(timeout=0.5)
+            except Empty:
+                pass
+        _kill_group(child.pid)
+        self.received += events.total
+        os.close(events.fd)
+        os.close(child.control_w)
+        if not watch.finished:
+            try:  # reaped first, so the sweep below finds only what detached
+                child.code = (ended or child.exits.get(timeout=30)).get("exit")
+            finally:
+                if self.cgroups:  # a box's processes died with its init; its cgroup's too
+                    self.cgroups[-1].kill()
+                if self.uid is not None and self.box is None:  # no PID namespace: by the job's uid
+                    confine.kill_uid(self.uid)
+
+    def after(self, child: _Child) -> bool:
+        """Whether a fresh child resumes after this one: not when it finished, was stopped on
+        purpose, sent too much, or ran out of restarts or time."""
+        watch = self.watch
+        if watch.finished:
+            self.last_exit = child.exits  # its exit and the final sweep are awaited in the background
+            return False
+        if self.satisfied:
+            self.stopped = "not run: the run had what it needed"
+            return False
+        if self.received >= MAX_RECEIVED:
+            note = "grading of this submission stopped: it sent the grader more data than any answer needs"
+            (watch.private_notes if watch.tainted else watch.notes).append(note)
+            self.stopped = "not run: " + note.removeprefix("grading of this submission ")
+            return False
+        if not self.charge(child):
+            return False
+        self.restarts += 1
+        if self.restarts > self.max_restarts:
+            self.stopped = "not run: grading of this submission stopped after too many hangs or crashes"
+            watch.notes.append(self.stopped.removeprefix("not run: "))
+            return False
+        return time.monotonic() < self.deadline()
+
+    def charge(self, child: _Child) -> bool:
+        """The child hung, died or flooded the grader part-way: charge it to the cell or call
+        that was running (a name that hung once or crashed twice is not called again). False
+        when nothing was running: there is nothing to resume after."""
+        watch, events, timed_out = self.watch, child.events, child.timed_out
+        if events.cut_off:
+            died = f"was stopped: it sent the grader more than {events.max_bytes >> 20} MB"
+        elif child.refused:
+            died = "stopped: it closed the pipe its go-ahead for the hidden cases comes through"
+        else:
+            died = f"stopped: {_exit_reason(child.code)}"
+        if watch.current is None:
+            if not timed_out:
+                note = f"the grading process for this submission {died}"
+                (watch.private_notes if watch.tainted else watch.notes).append(note)
+                # the calls left were not made for that, not for want of time; after the
+                # release only a fixed text (an exit status is the child's to choose)
+                fixed = "the grading process for this submission stopped"
+                self.stopped = f"not run: {note if child.refused or not watch.tainted else fixed}"
+            return False
+        what, i = watch.current
+        limit = (self.by_index[i].call_s or self.limits.call_s) if what == "call" else self.limits.cell_s
+        hung = f"did not finish within {limit:g} s (an infinite loop, or a wait for input?)"
+        reason = hung if timed_out else died
+        if what == "cell":
+            self.skip_cells.append(i)
+            errors = watch.private_cell_errors if watch.tainted else watch.cell_errors
+            errors[i] = {"type": "Timeout" if timed_out else "Crash", "message": reason, "where": ""}
+            return True
+        name = self.by_index[i].name
+        self.outcomes[i] = CallOutcome("timeout" if timed_out else "crashed", {"message": f"{name} {reason}"})
+        # A name that hung once, or crashed twice, would do it again: don't spend the
+        # submission's budget on it. (A small input is not graded: the ladder stops that
+        # name's small inputs, and its graded calls are still made.)
+        self.crashes[name] = self.crashes.get(name, 0) + (i not in watch.rungs)
+        if i not in watch.rungs and (timed_out or self.crashes[name] >= 2):
+            why = reason if timed_out else "crashed the process twice"
+            for c in self.calls:
+                if c.name == name and c.index not in self.outcomes:
+                    self.outcomes[c.index] = CallOutcome(
+                        "skipped", {"message": f"not run: an earlier call of {name} {why}"}
+                    )
+        return True
+
+    def collect(self) -> RunReport:
+        """Every call's outcome, and what was printed: before the release for the student,
+        all of it for instructors."""
+        watch = self.watch
+        finish_outcomes(self.calls, self.outcomes, self.stopped)
+        stdout = _read_head(self.job / "stdout.txt", self.stdout_bytes)
+        return RunReport(
+            self.outcomes,
+            watch.cell_errors,
+            watch.notes,
+            stdout if self.clean_stdout is None else self.clean_stdout,
+            self.restarts,
+            time.monotonic() - self.t0,
+            private_cell_errors=watch.private_cell_errors,
+            private_notes=watch.private_notes,
+            private_stdout=stdout if watch.released else "",
+        )
+
+    def stop(self) -> bool:
+        """End the job: at once, or (True) once its last child, which finished, is reaped,
+        in the fork server's background, so that the report is not kept waiting."""
+        if self.last_exit is None:
+            return False
+
+        def end_job(exits: Queue = self.last_exit, job_end: contextlib.ExitStack = self.job_end) -> None:
+            try:
+                exits.get(timeout=30)  # reaped: the lease's sweep then finds only what detached
+            finally:
+                job_end.close()
+
+        self.server.defer(end_job)
+        return True
+
+
 def run_submission(
     server: ForkServer,
     cells: list[tuple[str, str]],
@@ -651,249 +984,20 @@ def run_submission(
     between its public calls and the hidden ones (their outcomes join the report's); the
     time they take is not the submission's (its budget grows by ``ladder.spent_s``).
     ``stdout_bytes``: how much of what the children printed the report holds."""
-    t0 = time.monotonic()
-    watch = _Watch(calls, len(cells), ladder is not None)
-
-    def deadline() -> float:
-        """The submission's end: its budget, and the time its small inputs took on top."""
-        return t0 + limits.submission_s + (ladder.spent_s if ladder is not None else 0.0)
-
-    outcomes = watch.outcomes
-    by_index = watch.by_index
-    hidden = [c for c in calls if c.hidden]
-    skip_cells: list[int] = []
-    crashes: dict[str, int] = {}
-    restarts = 0
-    names = len({c.name for c in calls})
-    # a small input that hangs or crashes stops its name's small inputs: one restart each
-    max_restarts = MAX_RESTARTS + 2 * names + (names if ladder else 0)
-    stopped = f"not run: the submission used up its {limits.submission_s:g} s"
-    satisfied = False  # ``enough`` said so: the child was stopped on purpose
-    received = 0  # bytes from every child of this submission
-    clean_stdout: str | None = None  # what the code printed before it received hidden inputs
-    last_exit: Queue | None = None
-    job_end = contextlib.ExitStack()  # the job dir and the uid lease: closed now, or deferred
-    deferred = False
-    try:
-        tmp = job_end.enter_context(tempfile.TemporaryDirectory(prefix="bertlab-job-"))
-        boxes = confine.box_support()
-        # in a box every process of the job dies with its PID namespace: no sweep by uid
-        uid = job_end.enter_context(confine.lease_uid(sweep=boxes.mode is None))
-        job = Path(tmp)
-        (job / "work").mkdir()
-        os.chmod(job, 0o711)  # the child's unprivileged uid may pass through to its work dir
-        budget = confine.Budget()
-        box = jail.job_box(
-            boxes, job, uid, budget.work_dir_bytes, budget.memory_bytes, budget.processes, device
-        )
-        cgroups: list[jail.JobCgroup] = []  # one per child (each is made by its init)
-
-        @job_end.callback
-        def _remove_cgroups() -> None:
-            for cgroup in cgroups:
-                cgroup.kill()
-                cgroup.remove()
-
-        plan = {
-            "module_name": module_name,
-            "device": device,
-            "cells": cells,
-            "calls": [c.to_json() for c in calls if not c.hidden],
-            "hidden": len(hidden),
-            "ladder": ladder is not None,
-            "parts": parts or {},
-        }
-        (job / "plan.json").write_text(json.dumps(plan))
-        (job / "inputs.safetensors").write_bytes(inputs)
-        # empty until released: the child opens it before it is confined, and reads it only
-        # once the parent has written the hidden calls into it
-        hidden_file = job / "hidden.bin"
-        hidden_file.touch(mode=0o600)
-        ladder_file = job / "ladder.bin"  # likewise: written when a first small input is asked for
-        if ladder is not None:
-            ladder_file.touch(mode=0o600)
-        ladder_written = False
-        while True:
-            (job / "resume.json").write_text(
-                json.dumps(
-                    {
-                        "skip_cells": skip_cells,
-                        "skip_calls": sorted(outcomes),
-                        "uid": uid,
-                        "boxed": box is not None,
-                    }
-                )
-            )
-            r, w = os.pipe()
-            control_r, control_w = os.pipe()
-            try:
-                pid, exits, made = server.fork(job, w, control_r, box)
-                if made is not None:
-                    cgroups.append(jail.JobCgroup(*made))
-            except BaseException:  # no child: the parent's ends go too
-                os.close(r)
-                os.close(control_w)
-                raise
-            finally:
-                os.close(w)
-                os.close(control_r)
-            watch.new_child(tainted=watch.released)
-            events = _Events(r, watch.handle, watch.raw_limit, min(MAX_CHILD_BYTES, MAX_RECEIVED - received))
-            timed_out = refused = False
-            try:
-                while not (watch.finished or events.eof):
-                    now = time.monotonic()
-                    if watch.current and watch.current[0] == "call":
-                        limit = by_index[watch.current[1]].call_s or limits.call_s
-                    else:
-                        limit = limits.cell_s
-                    # explicit deadlines: a child that keeps talking does not stop the clocks
-                    wait = min(watch.started + limit, deadline()) - now
-                    ended = len(outcomes)
-                    if wait <= 0 or not events.read(wait):
-                        timed_out = True
-                        break
-                    if enough is not None and len(outcomes) != ended:
-                        for i in list(outcomes)[ended:]:  # the calls that just ended (insertion order)
-                            finish_outcome(by_index[i], outcomes)
-                        if enough(outcomes):
-                            satisfied = True
-                            break
-                    if watch.asks:
-                        watch.asks = False
-                        watch.started = time.monotonic()
-                        rung = None if watch.released or ladder is None else ladder.next(outcomes)
-                        if rung is not None:
-                            if not ladder_written:
-                                _write_hidden(ladder_file, ladder.calls, ladder.inputs)
-                                ladder_written = True
-                            watch.add_rung(rung)
-                            answer = wire.command(wire.RUN, rung.index)
-                        elif hidden:
-                            if not watch.released:
-                                # what it printed so far is the student's to see; whatever
-                                # comes after may hold hidden inputs
-                                clean_stdout = _read_head(job / "stdout.txt", stdout_bytes)
-                                _write_hidden(hidden_file, hidden, hidden_inputs)
-                                watch.released = watch.tainted = True
-                            answer = wire.command(wire.HIDDEN)
-                        else:
-                            answer = wire.command(wire.DONE)
-                        try:
-                            os.write(control_w, answer)
-                        except OSError:  # it closed its end (EPIPE): ended as a crash, not a grader fault
-                            refused = True
-                            break
-            finally:
-                ended = None
-                if events.eof and not events.cut_off and not watch.finished:
-                    # the pipe closed, most often because the child ended: how it ended is
-                    # known once it is reaped (in a box, its init reaps it and then ends),
-                    # so it is waited for a moment before the kill
-                    try:
-                        ended = exits.get(timeout=0.5)
-                    except Empty:
-                        pass
-                _kill_group(pid)
-                received += events.total
-                os.close(r)
-                os.close(control_w)
-                if not watch.finished:
-                    try:  # reaped first, so the sweep below finds only what detached
-                        code = (ended or exits.get(timeout=30)).get("exit")
-                    finally:
-                        if cgroups:  # a box's processes died with its init; its cgroup's too
-                            cgroups[-1].kill()
-                        if uid is not None and box is None:  # no PID namespace: by the job's uid
-                            confine.kill_uid(uid)
-            if watch.finished:
-                last_exit = exits  # its exit and the final sweep are awaited in the background
-                break
-            if satisfied:
-                stopped = "not run: the run had what it needed"
-                break
-            if received >= MAX_RECEIVED:
-                note = (
-                    "grading of this submission stopped: it sent the grader more data than any answer needs"
-                )
-                (watch.private_notes if watch.tainted else watch.notes).append(note)
-                stopped = "not run: " + note.removeprefix("grading of this submission ")
-                break
-            # The child hung, died or flooded the grader part-way: charge it to what was
-            # running, resume after it.
-            if events.cut_off:
-                died = f"was stopped: it sent the grader more than {events.max_bytes >> 20} MB"
-            elif refused:
-                died = "stopped: it closed the pipe its go-ahead for the hidden cases comes through"
-            else:
-                died = f"stopped: {_exit_reason(code)}"
-            current = watch.current
-            if current is None:
-                if not timed_out:
-                    note = f"the grading process for this submission {died}"
-                    (watch.private_notes if watch.tainted else watch.notes).append(note)
-                    # the calls left were not made for that, not for want of time; after the
-                    # release only a fixed text (an exit status is the child's to choose)
-                    fixed = "the grading process for this submission stopped"
-                    stopped = f"not run: {note if refused or not watch.tainted else fixed}"
-                break
-            what, i = current
-            limit = (by_index[i].call_s or limits.call_s) if what == "call" else limits.cell_s
-            hung = f"did not finish within {limit:g} s (an infinite loop, or a wait for input?)"
-            reason = hung if timed_out else died
-            if what == "cell":
-                skip_cells.append(i)
-                errors = watch.private_cell_errors if watch.tainted else watch.cell_errors
-                errors[i] = {"type": "Timeout" if timed_out else "Crash", "message": reason, "where": ""}
-            else:
-                name = by_index[i].name
-                status = "timeout" if timed_out else "crashed"
-                outcomes[i] = CallOutcome(status, {"message": f"{name} {reason}"})
-                # A name that hung once, or crashed twice, would do it again: don't spend
-                # the submission's budget on it. (A small input is not graded: the ladder
-                # stops that name's small inputs, and its graded calls are still made.)
-                crashes[name] = crashes.get(name, 0) + (i not in watch.rungs)
-                if i not in watch.rungs and (timed_out or crashes[name] >= 2):
-                    why = reason if timed_out else "crashed the process twice"
-                    for c in calls:
-                        if c.name == name and c.index not in outcomes:
-                            outcomes[c.index] = CallOutcome(
-                                "skipped", {"message": f"not run: an earlier call of {name} {why}"}
-                            )
-            restarts += 1
-            if restarts > max_restarts:
-                stopped = "not run: grading of this submission stopped after too many hangs or crashes"
-                watch.notes.append(stopped.removeprefix("not run: "))
-                break
-            if time.monotonic() >= deadline():
-                break
-        finish_outcomes(calls, outcomes, stopped)
-        stdout = _read_head(job / "stdout.txt", stdout_bytes)
-        report = RunReport(
-            outcomes,
-            watch.cell_errors,
-            watch.notes,
-            stdout if clean_stdout is None else clean_stdout,
-            restarts,
-            time.monotonic() - t0,
-            private_cell_errors=watch.private_cell_errors,
-            private_notes=watch.private_notes,
-            private_stdout=stdout if watch.released else "",
-        )
-        if last_exit is not None:
-
-            def end_job(exits: Queue = last_exit) -> None:
-                try:
-                    exits.get(timeout=30)  # reaped: the lease's sweep then finds only what detached
-                finally:
-                    job_end.close()
-
-            server.defer(end_job)
-            deferred = True
-        return report
-    finally:
-        if not deferred:
-            job_end.close()
+    return _SubmissionRun(
+        server,
+        cells,
+        module_name,
+        calls,
+        inputs,
+        device,
+        limits,
+        parts,
+        hidden_inputs,
+        enough,
+        ladder,
+        stdout_bytes,
+    ).run()
 
 
 def run_public(

@@ -14,7 +14,7 @@ student's work); in the student's own kernel ``Submission.beside`` finds their n
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,10 +71,11 @@ class Submission:
         except LoadError:
             return True
 
-    def nothing_found(self, stages: Sequence[str]) -> str | None:
+    def nothing_found(self, stages: Sequence[str], holds: Callable[[str], bool] | None = None) -> str | None:
         """What to say, once, when it holds no file of any of ``stages``: what it holds
-        instead and which names were expected. None when it holds one."""
-        if any(self.holds(s) for s in stages):
+        instead and which names were expected. None when it holds one. ``holds``: how that
+        is known (default ``Submission.holds``; the grader's ``Jobs`` knows already)."""
+        if any(map(holds or self.holds, stages)):
             return None
         if len(stages) == 1:
             expected = f"expected {stages[0]}.ipynb or {stages[0]}.py"
@@ -109,14 +110,19 @@ class Submission:
             return [s for s in known if self.holds(s)] or list(known)
         return list(known)
 
-    def earlier(self, stage: str, graded: Path, of: str) -> Path | None:
+    def earlier(
+        self, stage: str, graded: Path, of: str, find: Callable[[Submission, str], Path | None] | None = None
+    ) -> Path | None:
         """The file of ``stage``, an earlier stage that ``of`` runs (its file: ``graded``):
         in this submission, else, when the folder handed in is ``of``'s own stage folder,
         beside it (the student's other stage folders, where ``load_stage`` finds them in
-        Jupyter). None when missing, or when it is ``graded`` itself."""
-        found = Submission(self.folder).file(stage)
+        Jupyter). None when missing, or when it is ``graded`` itself. ``find``: how a
+        folder's file of a stage is found (default ``Submission.file``; the grader's
+        ``Jobs`` finds each once)."""
+        find = find or Submission.file
+        found = find(Submission(self.folder), stage)
         if found is None and self.folder.name == of:
-            found = Submission(self.folder.parent).file(stage)
+            found = find(Submission(self.folder.parent), stage)
         return None if found == graded else found
 
     def fingerprint(self, stages: Iterable[str]) -> str:
