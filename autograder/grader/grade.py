@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -280,10 +281,7 @@ class Grader:
                         t.blame.append(note)
 
     def _driver_extras(self, spec: StageSpec) -> set[str]:
-        """What the fork server loads for children that grade ``spec``: the ``warm_up`` of
-        its drivers' modules, and of the stages it runs (11 loads the weights through 09's)."""
-        specs = [spec, *(self.spec(s) for s in requires(spec.id, self.spec))]
-        return {DRIVER_PREFIX + g.driver.split(":")[0] for s in specs for g in s.graded if g.driver}
+        return _driver_extras(spec, self.spec)
 
 
 def _plots(job: StageJob) -> set[str]:
@@ -292,3 +290,11 @@ def _plots(job: StageJob) -> set[str]:
         return set()
     code = [text for cells in (job.source.cells, *job.parts.values()) for _, text in cells]
     return {"matplotlib"} if any(PLOTS.search(text) for text in code) else set()
+
+
+def _driver_extras(spec: StageSpec, spec_of: Callable[[str], StageSpec] = load_spec) -> set[str]:
+    """What the fork server loads for children that grade ``spec``: the ``warm_up`` of its
+    drivers' modules, and of the stages it runs (11 loads the weights through 09's).
+    ``spec_of``: where the specs of those come from (a grader's: each looked up once)."""
+    specs = [spec, *(spec_of(s) for s in requires(spec.id, spec_of))]
+    return {DRIVER_PREFIX + g.driver.split(":")[0] for s in specs for g in s.graded if g.driver}
