@@ -165,54 +165,32 @@ def serve(fd: int) -> None:
 
     sock = socket.socket(fileno=fd)
     sock.send(json.dumps({"ready": True, "network_isolated": network_isolated}).encode())
-    sel = selectors.DefaultSelector()
-    sel.register(sock, selectors.EVENT_READ, None)
-    running: dict[int, tuple[int, int, int | None]] = {}  # pidfd -> (request id, pid, status pipe)
-    # As root, each job's init is made ahead, while the job before it runs: its cgroup
-    # joined, its namespaces and the common part of its view built (``jail.run_spare``).
-    # One spare per kind of box (``jail.common_key``); a spare is forked straight into a new
-    # PID namespace, as its init.
-    spares: dict[str, tuple[int, socket.socket, int, str]] = {}  # key -> (pid, conn, status, name)
-    names = itertools.count()
+    _Server(sock, pid_ns).loop()
 
-    def own_fds() -> list[int]:
-        """The server's descriptors, which no child of it keeps."""
-        fds = [fd for pidfd, (_r, _p, status) in running.items() for fd in (pidfd, status) if fd is not None]
-        fds += [fd for _p, conn, status, _n in spares.values() for fd in (conn.fileno(), status)]
-        return fds + ([pid_ns] if pid_ns is not None else [])
 
-    def make_spare(box: dict) -> tuple[int, socket.socket, int, str]:
-        name = f"job-{os.getpid()}-{next(names)}"
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        status_r, status_w = os.pipe()
-        jail.new_pid_namespace()
-        try:
-            pid = os.fork()
-            if pid == 0:
-                sel.close()
-                sock.close()
-                ours.close()
-                os.close(status_r)
-                for f in own_fds():
-                    os.close(f)
-                _spare(box, name, theirs, status_w)
-        finally:
-            jail.back_to(pid_ns)
-        theirs.close()
-        os.close(status_w)
-        return pid, ours, status_r, name
+class _Server:
+    """The fork server's loop: requests from the parent (a job to start, extras to load),
+    and the ends of the children it started, reported back."""
 
-    def discard_spares() -> None:
-        """Spares forked before an extra was loaded would run without it."""
-        for _pid, conn, status, _name in spares.values():
-            conn.close()  # it reads nothing, and ends; the parent removes its cgroup at the end
-            os.close(status)
-        spares.clear()
+    def __init__(self, sock: socket.socket, pid_ns: int | None) -> None:
+        self.sock, self.pid_ns = sock, pid_ns
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(sock, selectors.EVENT_READ, None)
+        self.running: dict[int, tuple[int, int, int | None]] = {}  # pidfd -> (request id, pid, status pipe)
+        # As root, each job's init is made ahead, while the job before it runs: its cgroup
+        # joined, its namespaces and the common part of its view built (``jail.run_spare``).
+        # One spare per kind of box (``jail.common_key``); a spare is forked straight into a
+        # new PID namespace, as its init.
+        self.spares: dict[str, tuple[int, socket.socket, int, str]] = {}  # key -> (pid, conn, status, name)
+        self.names = itertools.count()
 
-    while True:
-        for key, _ in sel.select():
-            if key.data is None:
-                msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, 2)
+    def loop(self) -> None:
+        while True:
+            for key, _ in self.sel.select():
+                if key.data is not None:
+                    self.ended(key.data)
+                    continue
+                msg, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 16, 2)
                 if not msg:  # the parent has gone: leave, our children are killed by it
                     return
                 req = json.loads(msg)
@@ -220,56 +198,101 @@ def serve(fd: int) -> None:
                     for f in fds:
                         os.close(f)
                     _warm_extras(req["warm"] if isinstance(req["warm"], list) else [])
-                    discard_spares()
+                    self.discard_spares()
                     continue
-                box = req.get("box")
-                reply: dict = {"id": req["id"]}
-                status_r = None
-                assigned = False
-                if box is not None and not box.get("userns") and pid_ns is not None:
-                    kind = jail.common_key(box)
-                    job = {"job": req["job"], "uid": box["uid"], "work_bytes": box["work_bytes"]}
-                    for _try in range(2):  # a spare that died meanwhile is made anew
-                        pid, conn, status_r, name = spares.pop(kind, None) or make_spare(box)
-                        try:
-                            socket.send_fds(conn, [json.dumps(job).encode()], fds)
-                            assigned = True
-                            break
-                        except OSError:
-                            os.close(status_r)
-                            os.waitpid(pid, 0)
-                        finally:
-                            conn.close()
-                    if assigned:
-                        reply["cgroup"] = jail.cgroup_dirs(box.get("cgroups", {}), name)
-                if not assigned:  # no spare: a keeper makes the box (a user namespace's)
-                    status_r = None
-                    pid = os.fork()
-                    if pid == 0:
-                        sel.close()
-                        for f in own_fds():
-                            os.close(f)
-                        _child(sock, req["job"], fds[0], fds[1] if len(fds) > 1 else None, box)
-                for f in fds:
+                self.start(req, fds)
+
+    def own_fds(self) -> list[int]:
+        """The server's descriptors, which no child of it keeps."""
+        running, spares = self.running, self.spares
+        fds = [fd for pidfd, (_r, _p, status) in running.items() for fd in (pidfd, status) if fd is not None]
+        fds += [fd for _p, conn, status, _n in spares.values() for fd in (conn.fileno(), status)]
+        return fds + ([self.pid_ns] if self.pid_ns is not None else [])
+
+    def make_spare(self, box: dict) -> tuple[int, socket.socket, int, str]:
+        from autograder.sandbox import jail
+
+        name = f"job-{os.getpid()}-{next(self.names)}"
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        status_r, status_w = os.pipe()
+        jail.new_pid_namespace()
+        try:
+            pid = os.fork()
+            if pid == 0:
+                self.sel.close()
+                self.sock.close()
+                ours.close()
+                os.close(status_r)
+                for f in self.own_fds():
                     os.close(f)
-                pidfd = os.pidfd_open(pid)
-                running[pidfd] = (req["id"], pid, status_r)
-                sel.register(pidfd, selectors.EVENT_READ, pidfd)
-                sock.send(json.dumps({**reply, "pid": pid}).encode())
-                if assigned and kind not in spares:
-                    spares[kind] = make_spare(box)  # the next job's, made while this one runs
-            else:
-                pidfd = key.data
-                rid, pid, reported = running.pop(pidfd)
-                sel.unregister(pidfd)
-                os.close(pidfd)
-                _, status = os.waitpid(pid, 0)
-                if reported is not None:  # a job's init: how its worker ended, if it did
-                    said = os.read(reported, 16)
-                    os.close(reported)
-                    if said.strip().lstrip(b"-").isdigit():
-                        status = int(said)
-                sock.send(json.dumps({"id": rid, "exit": os.waitstatus_to_exitcode(status)}).encode())
+                _spare(box, name, theirs, status_w)
+        finally:
+            jail.back_to(self.pid_ns)
+        theirs.close()
+        os.close(status_w)
+        return pid, ours, status_r, name
+
+    def discard_spares(self) -> None:
+        """Spares forked before an extra was loaded would run without it."""
+        for _pid, conn, status, _name in self.spares.values():
+            conn.close()  # it reads nothing, and ends; the parent removes its cgroup at the end
+            os.close(status)
+        self.spares.clear()
+
+    def start(self, req: dict, fds: list[int]) -> None:
+        """Start the job ``req`` names: in a spare made ahead (root), else in a keeper that
+        makes the box itself (a user namespace's); reply with its pid."""
+        from autograder.sandbox import jail
+
+        box = req.get("box")
+        reply: dict = {"id": req["id"]}
+        status_r = None
+        assigned = False
+        if box is not None and not box.get("userns") and self.pid_ns is not None:
+            kind = jail.common_key(box)
+            job = {"job": req["job"], "uid": box["uid"], "work_bytes": box["work_bytes"]}
+            for _try in range(2):  # a spare that died meanwhile is made anew
+                pid, conn, status_r, name = self.spares.pop(kind, None) or self.make_spare(box)
+                try:
+                    socket.send_fds(conn, [json.dumps(job).encode()], fds)
+                    assigned = True
+                    break
+                except OSError:
+                    os.close(status_r)
+                    os.waitpid(pid, 0)
+                finally:
+                    conn.close()
+            if assigned:
+                reply["cgroup"] = jail.cgroup_dirs(box.get("cgroups", {}), name)
+        if not assigned:  # no spare: a keeper makes the box (a user namespace's)
+            status_r = None
+            pid = os.fork()
+            if pid == 0:
+                self.sel.close()
+                for f in self.own_fds():
+                    os.close(f)
+                _child(self.sock, req["job"], fds[0], fds[1] if len(fds) > 1 else None, box)
+        for f in fds:
+            os.close(f)
+        pidfd = os.pidfd_open(pid)
+        self.running[pidfd] = (req["id"], pid, status_r)
+        self.sel.register(pidfd, selectors.EVENT_READ, pidfd)
+        self.sock.send(json.dumps({**reply, "pid": pid}).encode())
+        if assigned and kind not in self.spares:
+            self.spares[kind] = self.make_spare(box)  # the next job's, made while this one runs
+
+    def ended(self, pidfd: int) -> None:
+        """A child the server started has ended: reap it and tell the parent how."""
+        rid, pid, reported = self.running.pop(pidfd)
+        self.sel.unregister(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        if reported is not None:  # a job's init: how its worker ended, if it did
+            said = os.read(reported, 16)
+            os.close(reported)
+            if said.strip().lstrip(b"-").isdigit():
+                status = int(said)
+        self.sock.send(json.dumps({"id": rid, "exit": os.waitstatus_to_exitcode(status)}).encode())
 
 
 if __name__ == "__main__":
