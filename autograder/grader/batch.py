@@ -918,3 +918,206 @@ def summarise(rows: list[dict[str, Any]], top: int = 3) -> list[StageSummary]:
 
 def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# -- the `batch` command: grade a class and show it ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClassRun:
+    """What ``python -m autograder batch`` was asked for (its options, checked)."""
+
+    class_dir: Path
+    stages: list[str] | None
+    layout: str
+    db: Path
+    workers: int | None
+    regrade: bool
+    dry_run: bool
+    diff_csv: Path | None  # what changed, as CSV (it names hidden cases: instructors only)
+    shard: tuple[int, int] | None
+    csv: Path | None  # the gradebook, exported
+    device: str
+    call_s: float | None
+    submission_s: float
+
+    @property
+    def changes_asked(self) -> bool:
+        return self.regrade or self.dry_run or self.diff_csv is not None
+
+
+def grade_class(asked: ClassRun, console: Any, err: Any) -> int:
+    """Grade every student × stage of ``asked.class_dir`` into the gradebook, showing
+    progress, what changed (when asked) and a table per stage on ``console``; problems on
+    ``err``. Returns the exit status: 0; 1 when a folder was left out or a grade could not
+    be computed or stored; 2 for a class whose layout is unclear; 130 when interrupted."""
+    from autograder.grader.options import warn_if_exposed
+
+    skipped: list[str] = []
+    try:
+        units = discover(asked.class_dir, asked.stages, asked.shard, layout=asked.layout, skipped=skipped)
+    except LayoutError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        return 2
+    warn_if_exposed()
+    students = len({u.student for u in units})
+    console.print(f"{students} students, {len(units)} student×stage grades; gradebook {asked.db}")
+    if asked.dry_run:
+        console.print(f"dry run: nothing is written to {asked.db}")
+    # Names and reasons are the students' text: never rich markup, never a raw control character.
+    for line in skipped:
+        err.print(f"not graded: {line}", markup=False, highlight=False)
+    changes: list[Change] = []
+    with Gradebook(asked.db, read_only=asked.dry_run) as book:
+        try:
+            report = _run_with_progress(asked, units, book, changes, console)
+        except KeyboardInterrupt:  # the students in flight were finished, the rest not started
+            if asked.dry_run:
+                err.print(f"interrupted: nothing was written to {asked.db}")
+                return 130
+            if asked.changes_asked:  # what the grades stored so far replaced is in no other record
+                _show_changes(changes, 0, asked.diff_csv, console)
+            kept = len(book.done())
+            err.print(
+                f"interrupted: {asked.db} keeps {kept} grades; run the same command again to grade the rest"
+            )
+            return 130
+        asked_for = {(u.student, u.stage) for u in units}
+        rows = [r for r in book.rows() if (r["student"], r["stage"]) in asked_for]
+        if asked.dry_run:  # the table shows the class as the gradebook would be
+            replaced = {(r["student"], r["stage"]) for r in report.unstored}
+            rows = [r for r in rows if (r["student"], r["stage"]) not in replaced] + report.unstored
+        if asked.csv is not None:
+            book.export_csv(asked.csv)
+    console.print(
+        f"graded {report.graded}, already in the gradebook {report.skipped}, in {report.seconds:.1f} s"
+    )
+    if asked.changes_asked:
+        _show_changes(changes, report.new, asked.diff_csv, console)
+    console.print(_stage_table(rows, asked.dry_run))
+    if asked.csv is not None:
+        console.print(f"CSV: {asked.csv}")
+    return _said_problems(asked, report, skipped, err)
+
+
+def _run_with_progress(
+    asked: ClassRun, units: list[Unit], book: Gradebook, changes: list[Change], console: Any
+) -> BatchReport:
+    """``run`` under a progress bar and, below it, a line per student in flight. A hanging
+    student holds a worker until its limits stop it: a terminal shows who is in flight and
+    for how long; a log (Docker without -t, CI), where nothing redraws, says which students
+    take long, as they do."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.text import Text
+
+    in_flight = InFlight()
+
+    class Watch(Progress):
+        """The bar and, under it, a line per student being graded and for how long."""
+
+        def get_renderables(self):
+            yield from super().get_renderables()
+            for line in in_flight.lines():
+                yield Text(line, style="dim")  # Text: a name is the student's, never markup
+
+    stop_log = threading.Event()
+
+    def log_slow() -> None:
+        while not stop_log.wait(1.0):
+            for line in in_flight.overdue():
+                console.print(line, markup=False, highlight=False)
+
+    if not console.is_terminal:
+        threading.Thread(target=log_slow, name="bertlab-in-flight", daemon=True).start()
+    columns = (TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"))
+    with Watch(*columns, TimeRemainingColumn(), console=console, transient=not console.is_terminal) as bar:
+        task = bar.add_task("grading", total=None, rate="")
+        t0 = time.monotonic()
+
+        def progress(n: int, total: int) -> None:
+            rate = n / max(time.monotonic() - t0, 1e-9)
+            bar.update(task, completed=n, total=total, rate=f"{rate:.1f}/s" if n else "")
+
+        try:
+            return run(
+                units,
+                book,
+                asked.workers or default_workers(),
+                regrade=asked.regrade,
+                device=asked.device,
+                call_s=asked.call_s,
+                submission_s=asked.submission_s,
+                progress=progress,
+                dry_run=asked.dry_run,
+                changes=changes,
+                in_flight=in_flight,
+            )
+        finally:
+            stop_log.set()
+
+
+def _grade_text(score: float | str | None, max_score: float | None) -> str:
+    if score is None:
+        return "—"
+    return score if isinstance(score, str) else f"{shown(score)}/{shown(max_score or 0)}"
+
+
+def _show_changes(changes: list[Change], new: int, diff_csv: Path | None, console: Any) -> None:
+    """What changed since the gradebook's previous grades: a table (for the instructor, who
+    runs this: it names hidden cases), its CSV, a summary line."""
+    from rich.table import Table
+    from rich.text import Text
+
+    changes.sort(key=lambda c: (c.student, c.stage))  # stable: each grade's tests in order
+    if changes:
+        table = Table(title="changed since the gradebook's previous grade")
+        for col in ("student", "stage", "test", "old", "new", "change", "why"):
+            table.add_column(col)
+        for c in changes:
+            delta = "" if c.delta is None else "+" * (c.delta >= 0) + shown(c.delta)
+            # Text: names are the students' text, never rich markup
+            cells = (c.student, c.stage, c.test, _grade_text(c.old, c.old_max), _grade_text(c.new, c.new_max))
+            table.add_row(*(Text(x) for x in (*cells, delta, c.why)))
+        console.print(table)
+    console.print(changes_summary(changes, new), markup=False, highlight=False)
+    if diff_csv is not None:
+        write_changes_csv(changes, diff_csv)
+        console.print(f"changes CSV (instructors only: it names hidden cases): {diff_csv}")
+
+
+def _stage_table(rows: list[dict[str, Any]], dry_run: bool) -> Any:
+    """Per stage: students, mean, median and the most frequent named mistakes."""
+    from rich.table import Table
+
+    table = Table(title="per stage, if stored (dry run)" if dry_run else "per stage")
+    for col in ("stage", "students", "mean", "median", "most frequent named mistakes"):
+        table.add_column(col)
+    for s in summarise(rows):
+        mistakes = ", ".join(f"{m} ({n})" for m, n in s.mistakes) or "—"
+        mean, median = f"{shown(s.mean)} / {shown(s.max_score)}", shown(s.median)
+        table.add_row(s.stage, str(s.students), mean, median, mistakes)
+    return table
+
+
+def _said_problems(asked: ClassRun, report: BatchReport, skipped: list[str], err: Any) -> int:
+    """Say, at the end, which grades could not be computed or stored and which folders were
+    left out; 1 if any, else 0."""
+    if report.failed:
+        fate = (
+            "nothing was written (--dry-run)."
+            if asked.dry_run
+            else "each has an error row (score 0, the reason in its notes) that the next run grades again."
+        )
+        err.print(
+            f"{len(report.failed)} could not be graded or stored: {fate}", markup=False, highlight=False
+        )
+        for f in report.failed:
+            err.print(f"  {f.student!r} {f.stage}: {f.reason}", markup=False, highlight=False)
+    if skipped:
+        folders = f"{len(skipped)} folder{'s' * (len(skipped) != 1)}"
+        err.print(
+            f"not graded: {folders} of {asked.class_dir} (said above).",
+            markup=False,
+            highlight=False,
+        )
+    return 1 if report.failed or skipped else 0

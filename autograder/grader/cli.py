@@ -5,8 +5,6 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -30,7 +28,6 @@ from autograder.grader.options import (
     quick_exit,
     safe_name,
     usage_error,
-    warn_if_exposed,
 )
 from autograder.sandbox.confine import SandboxUnusable
 from autograder.stages.unfilled import UnfilledStage
@@ -159,20 +156,7 @@ def batch(
     (for instructors: it names hidden cases).
     Exit 1 when a student folder was left out or a grade could not be computed or stored
     (said at the end)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-    from rich.table import Table
-    from rich.text import Text
-
     from autograder.grader import batch as b
-    from autograder.runtime.results import points as shown
-
-    class Watch(Progress):
-        """The bar and, under it, a line per student being graded and for how long."""
-
-        def get_renderables(self):
-            yield from super().get_renderables()
-            for line in in_flight.lines():
-                yield Text(line, style="dim")  # Text: a name is the student's, never markup
 
     if not class_dir.is_dir():
         raise usage_error(f"{class_dir} is not a directory")
@@ -182,147 +166,13 @@ def batch(
     sliced = _shard(shard)
     if db is None:
         db = Path("bertlab-gradebook" + (f".shard-{sliced[0]}-of-{sliced[1]}" if sliced else "") + ".sqlite")
-    skipped: list[str] = []
-    try:
-        units = b.discover(class_dir, stage, sliced, layout=layout, skipped=skipped)
-    except b.LayoutError as exc:
-        err.print(f"error: {exc}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
-    warn_if_exposed()
-    students = len({u.student for u in units})
-    console.print(f"{students} students, {len(units)} student×stage grades; gradebook {db}")
-    if dry_run:
-        console.print(f"dry run: nothing is written to {db}")
-    # Names and reasons are the students' text: never rich markup, never a raw control character.
-    for line in skipped:
-        err.print(f"not graded: {line}", markup=False, highlight=False)
-    changes: list[b.Change] = []
-    changes_asked = regrade or dry_run or diff_csv is not None
-
-    def show_changes(new: int) -> None:
-        """What changed since the gradebook's previous grades: a table (for the instructor,
-        who runs this: it names hidden cases), its CSV, a summary line."""
-        changes.sort(key=lambda c: (c.student, c.stage))  # stable: each grade's tests in order
-        if changes:
-            table = Table(title="changed since the gradebook's previous grade")
-            for col in ("student", "stage", "test", "old", "new", "change", "why"):
-                table.add_column(col)
-            for c in changes:
-                delta = "" if c.delta is None else "+" * (c.delta >= 0) + shown(c.delta)
-                # Text: names are the students' text, never rich markup
-                cells = (c.student, c.stage, c.test, points(c.old, c.old_max), points(c.new, c.new_max))
-                table.add_row(*(Text(x) for x in (*cells, delta, c.why)))
-            console.print(table)
-        console.print(b.changes_summary(changes, new), markup=False, highlight=False)
-        if diff_csv is not None:
-            b.write_changes_csv(changes, diff_csv)
-            console.print(f"changes CSV (instructors only: it names hidden cases): {diff_csv}")
-
-    def points(score: float | str | None, max_score: float | None) -> str:
-        if score is None:
-            return "—"
-        return score if isinstance(score, str) else f"{shown(score)}/{shown(max_score or 0)}"
-
-    # A hanging student holds a worker until its limits stop it: a terminal shows who is in
-    # flight and for how long; a log (Docker without -t, CI), where nothing redraws, says
-    # which students take long, as they do.
-    in_flight = b.InFlight()
-    stop_log = threading.Event()
-
-    def log_slow() -> None:
-        while not stop_log.wait(1.0):
-            for line in in_flight.overdue():
-                console.print(line, markup=False, highlight=False)
-
-    if not console.is_terminal:
-        threading.Thread(target=log_slow, name="bertlab-in-flight", daemon=True).start()
-    with (
-        b.Gradebook(db, read_only=dry_run) as book,
-        Watch(
-            TextColumn("grading"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"),
-            TimeRemainingColumn(),
-            console=console,
-            transient=not console.is_terminal,
-        ) as bar,
-    ):
-        task = bar.add_task("grading", total=None, rate="")
-        t0 = time.monotonic()
-
-        def progress(n: int, total: int) -> None:
-            rate = n / max(time.monotonic() - t0, 1e-9)
-            bar.update(task, completed=n, total=total, rate=f"{rate:.1f}/s" if n else "")
-
-        try:
-            report = b.run(
-                units,
-                book,
-                workers or b.default_workers(),
-                regrade=regrade,
-                device=device,
-                call_s=call_timeout,
-                submission_s=submission_timeout,
-                progress=progress,
-                dry_run=dry_run,
-                changes=changes,
-                in_flight=in_flight,
-            )
-        except KeyboardInterrupt:  # the students in flight were finished, the rest not started
-            if dry_run:
-                err.print(f"interrupted: nothing was written to {db}")
-                raise typer.Exit(130) from None
-            if changes_asked:  # what the grades stored so far replaced is in no other record
-                show_changes(0)
-            kept = len(book.done())
-            err.print(f"interrupted: {db} keeps {kept} grades; run the same command again to grade the rest")
-            raise typer.Exit(130) from None
-        finally:
-            stop_log.set()
-        asked = {(u.student, u.stage) for u in units}
-        rows = [r for r in book.rows() if (r["student"], r["stage"]) in asked]
-        if dry_run:  # the table shows the class as the gradebook would be
-            replaced = {(r["student"], r["stage"]) for r in report.unstored}
-            rows = [r for r in rows if (r["student"], r["stage"]) not in replaced] + report.unstored
-        if csv is not None:
-            book.export_csv(csv)
-    console.print(
-        f"graded {report.graded}, already in the gradebook {report.skipped}, in {report.seconds:.1f} s"
-    )
-    if changes_asked:
-        show_changes(report.new)
-    table = Table(title="per stage, if stored (dry run)" if dry_run else "per stage")
-    for col in ("stage", "students", "mean", "median", "most frequent named mistakes"):
-        table.add_column(col)
-    for s in b.summarise(rows):
-        mistakes = ", ".join(f"{m} ({n})" for m, n in s.mistakes) or "—"
-        mean, median = f"{shown(s.mean)} / {shown(s.max_score)}", shown(s.median)
-        table.add_row(s.stage, str(s.students), mean, median, mistakes)
-    console.print(table)
-    if csv is not None:
-        console.print(f"CSV: {csv}")
-    if report.failed:
-        fate = (
-            "nothing was written (--dry-run)."
-            if dry_run
-            else "each has an error row (score 0, the reason in its notes) that the next run grades again."
-        )
-        err.print(
-            f"{len(report.failed)} could not be graded or stored: {fate}",
-            markup=False,
-            highlight=False,
-        )
-        for f in report.failed:
-            err.print(f"  {f.student!r} {f.stage}: {f.reason}", markup=False, highlight=False)
-    if skipped:
-        err.print(
-            f"not graded: {len(skipped)} folder{'s' * (len(skipped) != 1)} of {class_dir} (said above).",
-            markup=False,
-            highlight=False,
-        )
-    if report.failed or skipped:
-        raise typer.Exit(1)
+    asked = b.ClassRun(
+        class_dir, stage, layout, db, workers, regrade, dry_run, diff_csv, sliced, csv, device, call_timeout,
+        submission_timeout,
+    )  # fmt: skip
+    status = b.grade_class(asked, console, err)
+    if status:
+        raise typer.Exit(status)
 
 
 @app.command()
