@@ -233,9 +233,10 @@ def grade_stage(
         t0 = time.monotonic()
         # grade_stage, not grade: grade() would also re-grade the unmutated earlier stages
         # of every failing mutant, only to add a note naming them
-        result = grader.grade_stage(folder, stage)
+        jobs = grader.jobs(folder)  # the stage's job, resolved once for the grade and the search
+        result = grader.grade_stage(folder, stage, jobs.job(stage))
         if explain and grader.counterexamples is not None:
-            grader.counterexamples.attach(folder, [result])
+            grader.counterexamples.attach(jobs, [result])
         outcome = classify(mutant, result, equivalents, time.monotonic() - t0)
         outcome.bare = [t.name for t in result.tests if not t.passed and t.explanation is None]
         shutil.rmtree(folder, ignore_errors=True)
