@@ -137,10 +137,12 @@ def runs(tmp_path_factory):
         "hanger": HANGER,
         "empty": None,
     }
-    roots = {name: _autograder(tmp, zip_path, name) for name in students}
+    roots = {name: _autograder(tmp, zip_path, name) for name in [*students, "grace"]}
     for name, code in students.items():
         if code is not None:
             (roots[name] / "submission" / f"{STAGE}.py").write_text(code)
+    # a notebook: its cells run as __main__, which the tests import as `submission` too
+    shutil.copy(EXAMPLES / "grace_correct_einsum" / f"{STAGE}.ipynb", roots["grace"] / "submission")
     procs = {name: _start(root) for name, root in roots.items()}
     done = {}
     for name, proc in procs.items():
@@ -208,6 +210,13 @@ def test_a_correct_student_passes_them_beside_bertlab_tests(runs):
     assert "score" not in informational and "max_score" not in informational
     # the instructor's log shows them too
     assert "== instructor test Softmax rows sum to one: 2/2, passed, visible" in r["stdout"]
+
+
+def test_a_notebook_is_imported_as_submission_too(runs):
+    data = runs["grace"]["results"]
+    own = [t for t in data["tests"] if "instructor" in t["tags"]]
+    assert len(own) == 10 and all(t["status"] == "passed" for t in own), own
+    assert data["score"] == max_score(STAGE) + 2 * (2 + 3 + 4 + 1)
 
 
 def test_a_wrong_student_loses_their_points_with_their_messages(runs):
