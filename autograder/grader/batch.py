@@ -545,40 +545,57 @@ def run(
         with Grader(device=device, limits=Limits(call_s=call_s, submission_s=submission_s)) as grader:
             grader.warm_for([(u.submission, u.stage) for u in todo])
             grader.prepare(sorted({u.stage for u in todo}))
-            # torch's thread count is per thread (OpenMP): each worker sets its own
-            pool = cf.ThreadPoolExecutor(
-                max_workers=max(1, min(workers, len(todo))), initializer=torch.set_num_threads, initargs=(1,)
-            )
-            try:
-                futures = {
-                    pool.submit(_grade_student, grader, group, in_flight): group
-                    for group in _by_student(todo)
-                }
-                n = 0
-                for future in cf.as_completed(futures):
-                    group = futures[future]
-                    # a worker's exception stays in its future (the thread lives on): here it
-                    # is this student's, not the batch's
-                    error = future.exception()
-                    if error is not None:
-                        traceback.print_exception(error, file=sys.stderr)  # for the TA: our fault
-                        for unit in group:
-                            _settle(book, grader, unit, None, error, report, dry_run)
-                    else:
-                        for unit, result in future.result():
-                            _settle(book, grader, unit, result, None, report, dry_run)
-                    n += len(group)
-                    if progress is not None:
-                        progress(n, len(todo))
-            finally:
-                # on Ctrl-C (or a grader fault) the students not started are not graded:
-                # the workers finish the student they hold, the gradebook keeps every grade
-                pool.shutdown(wait=True, cancel_futures=True)
+            _grade_all(grader, todo, book, workers, report, dry_run, progress, in_flight)
     finally:
         torch.set_num_threads(threads)
     report.graded = len(todo) - len(report.failed)
     report.seconds = time.monotonic() - t0
     return report
+
+
+def _grade_all(
+    grader: Any,
+    todo: list[Unit],
+    book: Gradebook,
+    workers: int,
+    report: BatchReport,
+    dry_run: bool,
+    progress: Any,
+    in_flight: InFlight | None,
+) -> None:
+    """Grade ``todo`` on ``workers`` threads, one student to a task, settling each student's
+    grades (``_settle``) as their task ends, in this thread only: the gradebook's connection
+    and ``report`` are never shared between threads."""
+    import torch
+
+    # torch's thread count is per thread (OpenMP): each worker sets its own
+    pool = cf.ThreadPoolExecutor(
+        max_workers=max(1, min(workers, len(todo))), initializer=torch.set_num_threads, initargs=(1,)
+    )
+    try:
+        futures = {
+            pool.submit(_grade_student, grader, group, in_flight): group for group in _by_student(todo)
+        }
+        n = 0
+        for future in cf.as_completed(futures):
+            group = futures[future]
+            # a worker's exception stays in its future (the thread lives on): here it
+            # is this student's, not the batch's
+            error = future.exception()
+            if error is not None:
+                traceback.print_exception(error, file=sys.stderr)  # for the TA: our fault
+                for unit in group:
+                    _settle(book, grader, unit, None, error, report, dry_run)
+            else:
+                for unit, result in future.result():
+                    _settle(book, grader, unit, result, None, report, dry_run)
+            n += len(group)
+            if progress is not None:
+                progress(n, len(todo))
+    finally:
+        # on Ctrl-C (or a grader fault) the students not started are not graded:
+        # the workers finish the student they hold, the gradebook keeps every grade
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _settle(
