@@ -41,7 +41,18 @@ def test_no_function_in_the_package_is_over_120_lines():
 
 def test_the_runner_is_steps_a_reader_can_name():
     sizes = dict(_functions(ROOT / "autograder" / "grader" / "runner.py"))
-    steps = ["start", "fork", "watch_child", "answer", "release", "reap", "after", "charge", "collect", "stop"]
+    steps = [
+        "start",
+        "fork",
+        "watch_child",
+        "answer",
+        "release",
+        "reap",
+        "after",
+        "charge",
+        "collect",
+        "stop",
+    ]
     assert set(steps) <= sizes.keys()
     long = {name: n for name, n in sizes.items() if n > MAX_STEP_LINES}
     assert not long, long
@@ -113,7 +124,9 @@ def test_every_graded_stage_is_looked_up_exactly_once(whole_course, monkeypatch)
     by_stage = {r.stage: r for r in result.stages}
     assert by_stage["01_attention"].score < by_stage["01_attention"].max_score
     # 02 runs the student's 01 (read once, for both): it loses points and says why
-    assert any(n.startswith("02_multihead runs your own 01_attention") for n in by_stage["02_multihead"].notes)
+    assert any(
+        n.startswith("02_multihead runs your own 01_attention") for n in by_stage["02_multihead"].notes
+    )
     assert any(t.counterexample for t in by_stage["01_attention"].tests)
     assert by_stage["04_word2vec"].score == by_stage["04_word2vec"].max_score
 
