@@ -169,6 +169,9 @@ PROBES: dict[str, Callable[[], object]] = {
     "torch.func.grad": lambda: torch.func.grad(lambda t: (t * t).sum())(_x(3)),
     "torch.func.vjp": lambda: torch.func.vjp(lambda t: t * t, _x(3))[1](_x(3)),
     "torch.func.jacrev": lambda: torch.func.jacrev(lambda t: t * t)(_x(3)),
+    "torch.nn.LSTMCell": lambda: nn.LSTMCell(3, 4, dtype=torch.float64)(_x(2, 3)),
+    "torch.nn.LSTM": lambda: nn.LSTM(3, 4, num_layers=2, batch_first=True, dtype=torch.float64)(_x(2, 5, 3)),
+    "torch.lstm_cell": lambda: torch.lstm_cell(_x(2, 3), (_x(2, 4), _x(2, 4)), _x(16, 3), _x(16, 4)),
     # allowed everywhere
     "torch.nn.Linear": lambda: nn.Linear(3, 2, dtype=torch.float64)(_x(4, 3)),
     "torch.nn.Embedding": lambda: nn.Embedding(5, 3)(torch.tensor([0, 4])),
