@@ -685,6 +685,8 @@ SCALAR_MIX = Graded(
                     "L + 1 = 4, lengths (1,), padding after, D=3, layer norm", _mix(4, (1,), 3, True, extra=2)
                 ),
                 Case("L + 1 = 2, lengths (1,), T=1, D=1", _mix(2, (1,), 1)),
+                # one real value per layer: its variance is 0, and only the 1e-12 keeps 0 / 0 away
+                Case("L + 1 = 2, lengths (1,), T=2, D=1, layer norm", _mix(2, (1,), 1, layer_norm=True, extra=1)),
             ),
         ),
         Test(
