@@ -1,4 +1,4 @@
-"""A whole class: N students × every stage (``stage_ids()``: 01-11) graded by ``batch``,
+"""A whole class: N students × every stage (``stage_ids()``: 01-13) graded by ``batch``,
 against nbgrader, the floor, and the students' self-check latency (issue 9; stages 10 and 11,
 issue 21); a class where every notebook fails beside one where every notebook passes (issue 27).
 

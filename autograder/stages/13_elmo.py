@@ -686,7 +686,10 @@ SCALAR_MIX = Graded(
                 ),
                 Case("L + 1 = 2, lengths (1,), T=1, D=1", _mix(2, (1,), 1)),
                 # one real value per layer: its variance is 0, and only the 1e-12 keeps 0 / 0 away
-                Case("L + 1 = 2, lengths (1,), T=2, D=1, layer norm", _mix(2, (1,), 1, layer_norm=True, extra=1)),
+                Case(
+                    "L + 1 = 2, lengths (1,), T=2, D=1, layer norm",
+                    _mix(2, (1,), 1, layer_norm=True, extra=1),
+                ),
             ),
         ),
         Test(
