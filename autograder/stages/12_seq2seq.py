@@ -112,6 +112,8 @@ CROSS = Graded(
         _cross_case(1, 2, 2, 2, 1),
         _cross_case(1, 2, 3, 2, 2),
         _cross_case(2, 2, 2, 2, 1, masked=False),
+        # two real source positions of four: weights that can differ where padding is masked
+        _cross_case(1, 2, 4, 2, 2),
     ),
     tests=(
         Test(
@@ -229,7 +231,10 @@ LAYER = Graded(
         _layer_case(1, 2, 2, 3, 1, 1),
         _layer_case(1, 2, 3, 3, 1, 2),
         _layer_case(1, 3, 3, 4, 2, 2),
-        _layer_case(2, 2, 2, 3, 1, 2, masked=False),
+        # an eps that is not torch's default (1e-5 would hide an eps left out)
+        _layer_case(2, 2, 2, 3, 1, 2, masked=False, eps=0.5),
+        # two real source positions of four, and eps left to its default
+        _layer_case(1, 2, 4, 4, 2, 2, eps=None),
     ),
     tests=(
         Test(
@@ -407,8 +412,10 @@ MODEL = Graded(
     small=(
         _model_case(1, 2, 2, **SMALL),
         _model_case(1, 3, 2, **SMALL),
-        _model_case(2, 2, 2, masked=False, **SMALL),
+        _model_case(2, 2, 2, masked=False, eps=None, **SMALL),  # eps left to its default
         _model_case(1, 3, 3, **SMALL2),
+        # an eps that is not torch's default (1e-5 would hide an eps left out)
+        _model_case(1, 2, 2, masked=False, eps=0.5, **SMALL),
     ),
     tests=(
         Test(
@@ -556,6 +563,7 @@ LOSS = Graded(
     ),
     small=(
         _loss_case(1, 2, 2, **SMALL),
+        _loss_case(1, 2, 3, **SMALL),  # B = 1, the decoder reads T = 2: one size mistaken for the other shows
         _loss_case(2, 2, 3, pad_share=1.0, **SMALL),
         _loss_case(2, 3, 3, pad_share=1.0, **SMALL2),
     ),
@@ -722,6 +730,10 @@ WEIGHTS = Graded(
         _model_case(1, 2, 1, **{**SMALL, "num_heads": 3}),
         _model_case(1, 3, 2, **SMALL2),
         _model_case(1, 3, 3, **SMALL2),
+        # the weights over one real source token are 1 whatever the model computes: two real
+        # positions of four, then no padding, so a mistake in the memory or the layers shows
+        _model_case(1, 4, 2, **SMALL2),
+        _model_case(1, 3, 2, masked=False, **SMALL2),
     ),
     tests=(
         Test(

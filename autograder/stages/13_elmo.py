@@ -238,7 +238,8 @@ LSTM = Graded(
     small=(
         _seq((1,), 1, 1, 1),
         _seq((2, 1), 1, 1, 1),
-        _seq((1,), 1, 1, 1, extra=1),
+        # a row padded twice: a step bound written t != length instead of t < length shows
+        _seq((2, 1), 1, 1, 1, extra=1),
         _seq((2, 1), 1, 1, 2),
         _seq((2, 1), 2, 1, 1, scale=SATURATED),
     ),
@@ -459,8 +460,8 @@ BILM_LOSS = Graded(
     small=(
         _model((2,), 2, 1, 1),
         _model((2, 2), 2, 1, 1),
-        _model((3, 2), 2, 1, 1),
-        _model((2,), 2, 1, 1, extra=1),
+        _model((3, 2), 2, 1, 2),  # two layers: the loss reads the last one's states
+        _model((2, 1), 2, 1, 1, extra=1),  # a row padded twice, as the lstm's
         _model((3, 2), 3, 1, 1, scale=SATURATED),
     ),
     tests=(
@@ -565,7 +566,7 @@ ELMO_LAYERS = Graded(
     small=(
         _elmo((1,), 1, 1, 1),
         _elmo((2, 1), 2, 1, 1),
-        _elmo((2,), 2, 1, 1, extra=1),
+        _elmo((2, 1), 2, 1, 1, extra=1),  # a row padded twice, as the lstm's
         _elmo((2, 1), 2, 1, 2),
     ),
     small_magnitude="its floats are an embedding and weights that only pass through the reference's own "
@@ -659,7 +660,7 @@ SCALAR_MIX = Graded(
     small=(
         _mix(2, (1,), 1),
         _mix(2, (1,), 1, layer_norm=True, extra=1),
-        _mix(2, (2, 1), 2, layer_norm=True),
+        _mix(2, (2, 1), 3, layer_norm=True),  # B = 2, D = 3: the layer norm's count is B T D
         _mix(3, (2, 1), 2, layer_norm=True, scale=8.0),
     ),
     tests=(
