@@ -72,6 +72,14 @@ RETURNED = {
     ("10_gpt", "greedy_decode"): (0, "the student returns the tokens; the 2nd output is the driver's record"),
     ("10_gpt", "filter_logits"): (0, "the student returns the logits, which the driver splits in two"),
     ("10_gpt", "sample"): (0, "the student returns the tokens; the driver records the calls, draws again"),
+    ("12_seq2seq", "Seq2SeqTransformer"): (
+        0,
+        "the driver gathers encode's memory, decode's (logits, weights) and the forward's logits from three calls",
+    ),
+    ("12_seq2seq", "greedy_decode"): (
+        0,
+        "the student returns the tokens; the 2nd output is the driver's count",
+    ),
 }
 
 
