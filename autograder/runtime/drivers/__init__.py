@@ -68,3 +68,36 @@ def require(ns: dict[str, Any], name: str) -> Any:
     if name not in ns:
         raise NameError(f"this test also calls your `{name}`, which is not defined")
     return ns[name]
+
+
+def describe(value: Any) -> str:
+    """What a student's call gave, for a message: its type (and length, for a sequence)."""
+    if isinstance(value, tuple | list):
+        return f"a {type(value).__name__} of {len(value)} values"
+    return f"a {type(value).__name__}"
+
+
+def build_model(
+    ns: dict[str, Any], data: dict[str, Any], device: str, name: str, graded: bool = False
+) -> Any:
+    """The student's model class ``name``, built and loaded as every graded module is: the
+    case's constructor arguments, ``.to(device, dtype)`` (the state's float dtype),
+    ``load_state_dict(state, strict=True)``, eval mode. ``graded``: the model is the name
+    under test (its own NotImplementedError is its verdict); otherwise an untouched model
+    is "not implemented yet" in every test that runs it."""
+    import torch
+
+    cls = require(ns, name)
+    state = data["state"]
+    dtype = next(t.dtype for t in state.values() if t.is_floating_point())
+    try:
+        model = cls(*data.get("init_args", ()), **data.get("init_kwargs", {}))
+    except NotImplementedError as exc:
+        if graded:
+            raise
+        raise RuntimeError(f"this test runs your `{name}`, and `{name}` is not implemented yet") from exc
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{name}(...) gave {describe(model)}, not an nn.Module")
+    model.to(device=device, dtype=dtype)
+    model.load_state_dict(state, strict=True)
+    return model.eval()

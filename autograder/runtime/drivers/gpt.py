@@ -35,7 +35,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from autograder.runtime.drivers import require, watches_itself, watching
+from autograder.runtime.drivers import build_model as build_module
+from autograder.runtime.drivers import describe, require, watches_itself, watching
 
 # GPT-2's state-dict keys (transformers' GPT2LMHeadModel), "*" for a layer's index: the
 # names to_gpt2_state_dict must produce, in GPT-2's order.
@@ -60,37 +61,16 @@ GPT2_KEYS = (
 )
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, tuple | list):
-        return f"a {type(value).__name__} of {len(value)} values"
-    return f"a {type(value).__name__}"
-
-
 def build_model(
     ns: dict[str, Any], data: dict[str, Any], device: str, graded: bool = False
 ) -> torch.nn.Module:
-    """Your ``GPT``, built and loaded as every graded module is, in eval mode. ``graded``:
-    GPT is the name under test (its own NotImplementedError is its own verdict)."""
-    cls = require(ns, "GPT")
-    state = data["state"]
-    dtype = next(t.dtype for t in state.values() if t.is_floating_point())
-    try:
-        model = cls(*data.get("init_args", ()), **data.get("init_kwargs", {}))
-    except NotImplementedError as exc:
-        if graded:
-            raise
-        # said so: an untouched GPT is "not implemented yet" in every test that runs it
-        raise RuntimeError("this test runs your `GPT`, and `GPT` is not implemented yet") from exc
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"GPT(...) gave {_describe(model)}, not an nn.Module")
-    model.to(device=device, dtype=dtype)
-    model.load_state_dict(state, strict=True)
-    return model.eval()
+    """Your ``GPT``, built and loaded as every graded module is, in eval mode."""
+    return build_module(ns, data, device, "GPT", graded)
 
 
 def _logits_and_present(result: Any) -> tuple[Any, Any]:
     if not isinstance(result, tuple | list) or len(result) != 2:
-        raise TypeError(f"GPT's forward returned {_describe(result)}; expected a tuple (logits, present)")
+        raise TypeError(f"GPT's forward returned {describe(result)}; expected a tuple (logits, present)")
     return result[0], result[1]
 
 
@@ -123,7 +103,7 @@ def export(ns: dict[str, Any], data: dict[str, Any], device: str, watch: Any = N
     with watching(watch), torch.no_grad():
         exported = fn(model)
     if not isinstance(exported, dict):
-        raise TypeError(f"to_gpt2_state_dict returned {_describe(exported)}; expected a dict")
+        raise TypeError(f"to_gpt2_state_dict returned {describe(exported)}; expected a dict")
     layers = range(int(data["init_kwargs"]["num_layers"]))
     expected = [k.replace("*", str(i)) for k in GPT2_KEYS for i in (layers if "*" in k else [None])]
     missing = [k for k in expected if k not in exported]
@@ -137,7 +117,7 @@ def export(ns: dict[str, Any], data: dict[str, Any], device: str, watch: Any = N
         )
     for k, v in exported.items():
         if not isinstance(v, Tensor):
-            raise TypeError(f"to_gpt2_state_dict's {k!r} is {_describe(v)}; expected a torch.Tensor")
+            raise TypeError(f"to_gpt2_state_dict's {k!r} is {describe(v)}; expected a torch.Tensor")
     out = []
     for key in GPT2_KEYS:
         if "*" not in key:
@@ -252,6 +232,6 @@ def filtered(ns: dict[str, Any], data: dict[str, Any], device: str) -> tuple[Ten
     (logits,) = data["args"]
     out = fn(logits.clone(), **dict(data["kwargs"]))
     if not isinstance(out, Tensor):
-        raise TypeError(f"filter_logits returned {_describe(out)}; expected a tensor (B, V)")
+        raise TypeError(f"filter_logits returned {describe(out)}; expected a tensor (B, V)")
     kept = out != float("-inf")
     return kept, torch.where(kept, out, torch.zeros((), dtype=out.dtype, device=out.device))

@@ -26,41 +26,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from autograder.runtime.drivers import require, watches_itself, watching
+from autograder.runtime.drivers import build_model as build_module
+from autograder.runtime.drivers import describe, require, watches_itself, watching
 
 MODEL = "Seq2SeqTransformer"
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, tuple | list):
-        return f"a {type(value).__name__} of {len(value)} values"
-    return f"a {type(value).__name__}"
 
 
 def build_model(
     ns: dict[str, Any], data: dict[str, Any], device: str, graded: bool = False
 ) -> torch.nn.Module:
-    """Your ``Seq2SeqTransformer``, built and loaded as every graded module is, in eval mode.
-    ``graded``: the model is the name under test (its own NotImplementedError is its verdict)."""
-    cls = require(ns, MODEL)
-    state = data["state"]
-    dtype = next(t.dtype for t in state.values() if t.is_floating_point())
-    try:
-        model = cls(*data.get("init_args", ()), **data.get("init_kwargs", {}))
-    except NotImplementedError as exc:
-        if graded:
-            raise
-        raise RuntimeError(f"this test runs your `{MODEL}`, and `{MODEL}` is not implemented yet") from exc
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"{MODEL}(...) gave {_describe(model)}, not an nn.Module")
-    model.to(device=device, dtype=dtype)
-    model.load_state_dict(state, strict=True)
-    return model.eval()
+    """Your ``Seq2SeqTransformer``, built and loaded as every graded module is, in eval mode."""
+    return build_module(ns, data, device, MODEL, graded)
 
 
 def _pair(result: Any, what: str) -> tuple[Any, Any]:
     if not isinstance(result, tuple | list) or len(result) != 2:
-        raise TypeError(f"{what} returned {_describe(result)}; expected a tuple (logits, weights)")
+        raise TypeError(f"{what} returned {describe(result)}; expected a tuple (logits, weights)")
     return result[0], result[1]
 
 
