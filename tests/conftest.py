@@ -2,7 +2,14 @@ from __future__ import annotations
 
 import os
 
-import pytest
+# `make test` runs two workers on two cores: each worker, and every kernel and child a test
+# starts, gets one torch thread (as the grader's children and `batch` have). With torch's
+# default pool the threads wait for each other's cores: stage 10's notebook (its demo trains
+# a model) took 258 s in a kernel beside one busy core, 10 s on one thread. Set before torch
+# loads here; the workers and every child inherit it. A value already set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, is_hypothesis_test, settings
 
 from tests.support import CALL_S, DEVICE

@@ -532,22 +532,19 @@ def run(
         return report
     # before torch loads here: the CLI's early server loads matplotlib right after torch
     warm_early(plot_extras([(u.submission, u.stage) for u in todo]))
-    import torch
-
     from autograder.grader.grade import Grader
     from autograder.grader.runner import Limits
+    from autograder.runtime.selfcheck import one_thread
 
-    threads = torch.get_num_threads()
     # The cores are the workers' (and their children's): torch's own thread pool in this
     # process would oversubscribe them (two threads on two busy cores made comparisons 25x slower).
-    torch.set_num_threads(1)
-    try:
-        with Grader(device=device, limits=Limits(call_s=call_s, submission_s=submission_s)) as grader:
-            grader.warm_for([(u.submission, u.stage) for u in todo])
-            grader.prepare(sorted({u.stage for u in todo}))
-            _grade_all(grader, todo, book, workers, report, dry_run, progress, in_flight)
-    finally:
-        torch.set_num_threads(threads)
+    with (
+        one_thread(),
+        Grader(device=device, limits=Limits(call_s=call_s, submission_s=submission_s)) as grader,
+    ):
+        grader.warm_for([(u.submission, u.stage) for u in todo])
+        grader.prepare(sorted({u.stage for u in todo}))
+        _grade_all(grader, todo, book, workers, report, dry_run, progress, in_flight)
     report.graded = len(todo) - len(report.failed)
     report.seconds = time.monotonic() - t0
     return report

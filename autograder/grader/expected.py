@@ -52,6 +52,7 @@ import torch
 from torch import Tensor
 
 from autograder.grader.plan import StagePlan
+from autograder.runtime.selfcheck import one_thread
 from autograder.stages import load_spec, requires, spec_path, stage_ids
 from autograder.stages.spec import StageSpec
 
@@ -339,10 +340,8 @@ def build(
     replaced by them. Returns stage -> "kept", "computed", "verified" or "replaced: why"."""
     chosen = list(stages) if stages is not None else stage_ids()
     chosen = sorted(set(chosen) | {dep for s in chosen for dep in requires(s)})
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as batch grades: the same bytes on any number of cores
     done: dict[str, str] = {}
-    try:
+    with one_thread():  # as batch grades: the same bytes on any number of cores
         for stage in chosen:
             spec = load_spec(stage)
             planned, why = plan(spec, "cpu", directory)
@@ -361,8 +360,6 @@ def build(
                 done[stage] = "computed"
             if out is not None:
                 print(f"  {stage}: {done[stage]}", file=out, flush=True)
-    finally:
-        torch.set_num_threads(threads)
     return done
 
 

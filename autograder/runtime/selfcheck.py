@@ -175,7 +175,7 @@ def check(
     # they are looked up where ``fn`` was defined, as the grader finds them in your notebook.
     namespace = {**_home(fn), name: fn}
     groups: dict[str, list[CaseResult]] = {}
-    with _one_thread():
+    with one_thread():
         for case in meta["cases"]:
             if case["name"] != name:
                 continue
@@ -192,17 +192,20 @@ def check(
         all_hints(meta["misconceptions"]),
     )
     if not report.passed:
-        with _one_thread():
+        with one_thread():
             report.counterexample = _counterexample(meta, g, name, namespace, tensors, device)
     return report
 
 
 @contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """torch on one thread while the self-check runs, then as the student had it. Public
-    cases are small: a thread pool costs more than it saves, and on a busy laptop its threads
-    wait for cores (a check took seconds instead of milliseconds). One thread is also how the
-    grading child computes."""
+def one_thread() -> Iterator[None]:
+    """torch on one thread inside this block, then as the caller had it.
+
+    The self-check: public cases are small, a thread pool costs more than it saves, and on a
+    busy laptop its threads wait for cores (a check took seconds instead of milliseconds).
+    One thread is also how the grading child computes, so the grader's own computations of
+    what a child is compared with (the expected values, the self-check data) use it too, and
+    ``batch``, whose cores are its workers' and their children's."""
     threads = torch.get_num_threads()
     if threads == 1:
         yield
