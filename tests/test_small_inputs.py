@@ -9,6 +9,8 @@ search: every graded case is drawn as before.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -41,6 +43,28 @@ def test_every_graded_name_has_small_inputs_or_says_why_not(stage):
             f"{g.name}: not deterministic"
         )
         assert len({_fingerprint(c.data) for c in cases}) == len(cases), f"{g.name}: an input is tried twice"
+
+
+def _builders_and_dtypes(cases) -> set[tuple[str, torch.dtype]]:
+    return {(re.search(r"builder \d+", c.label).group(), c.dtype) for c in cases}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_small_builder_is_tried_in_each_dtype_within_the_budget(stage):
+    """A builder is written to show a mistake the others cannot; when a name has more
+    inputs than the budget, cutting by size alone dropped its largest builder whole (01's
+    softmax along dim 0 of a 2 x 2, 02's and 10's fifth builders)."""
+    spec = load_spec(stage)
+    for g in spec.graded:
+        if not g.small:
+            continue
+        every = small_cases(spec, g, limit=10**6)
+        kept = small_cases(spec, g)
+        assert _builders_and_dtypes(kept) == _builders_and_dtypes(every), g.name
+        if len(every) > MAX_SMALL_CASES:
+            assert len(kept) == MAX_SMALL_CASES, g.name
+        else:
+            assert [c.label for c in kept] == [c.label for c in every], g.name
 
 
 def _values(value, tensors: list, strings: list) -> None:

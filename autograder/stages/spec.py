@@ -229,7 +229,10 @@ def build_case(spec: StageSpec, graded: Graded, test: Test, case: Case) -> CaseD
 # dtype the name is graded in, ordered smallest first (fewest numbers in the input, then the
 # simplest values), without repeats, at most MAX_SMALL_CASES of them. That order is the
 # shrinking: shapes first, then values toward small integers, so the first input that fails
-# is the smallest the search knows, and a student can read it.
+# is the smallest the search knows, and a student can read it. When a name has more than
+# the budget, each builder keeps its first input in each dtype and the smallest others fill
+# the rest: every builder is there to show a mistake the others cannot, and a cut by size
+# alone dropped a name's largest builder whole.
 #
 # For a new stage: give every graded name ``small=(builder, ...)`` (the builders its cases
 # use, at the smallest sizes that can show each of its mistakes: 1-3 positions, a feature
@@ -350,11 +353,27 @@ def small_cases(spec: StageSpec, graded: Graded, limit: int = MAX_SMALL_CASES) -
                 what = f"builder {b + 1}, {values}, {str(dtype).removeprefix('torch.')}"
                 found.append(((size, level, d, b), what, dtype, data, size))
     found.sort(key=lambda f: f[0])
-    found = found[:limit]
+    found = _within_budget(found, limit)
     return tuple(
         SmallCase(f"small input {i} of {len(found)}: {what}", dtype, data, size)
         for i, (_, what, dtype, data, size) in enumerate(found, start=1)
     )
+
+
+def _within_budget(found: list[Any], limit: int) -> list[Any]:
+    """``limit`` of ``found`` (sorted smallest first, each keyed (size, level, dtype, builder)),
+    in that order: each (builder, dtype)'s first, then the smallest of the others."""
+    if len(found) <= limit:
+        return found
+    first: dict[tuple[int, int], int] = {}
+    for i, ((_, _, d, b), *_) in enumerate(found):
+        first.setdefault((b, d), i)
+    keep = set(sorted(first.values())[:limit])
+    for i in range(len(found)):
+        if len(keep) >= limit:
+            break
+        keep.add(i)
+    return [f for i, f in enumerate(found) if i in keep]
 
 
 def own_values(build: Builder) -> Builder:
