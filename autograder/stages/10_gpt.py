@@ -271,12 +271,15 @@ BLOCK = Graded(
         Dim("L_past", lambda c: c.kwargs["past"].shape[3] if "past" in c.kwargs else None),
     ),
     # d_model = 3 (a LayerNorm over one feature is its bias, over two only a sign), one
-    # head; two positions (a mask to apply), then after a cache of one and two positions
+    # head; two positions (a mask to apply), then after a cache of one and two positions;
+    # eps left at its default (a wrong default) and eps = 0.5 (an eps not passed on)
     small=(
         _block_case(1, 2, 3, 1, 1),
         _block_case(1, 1, 3, 1, 1, past=1),
         _block_case(1, 2, 3, 1, 2, past=1),
         _block_case(1, 2, 4, 2, 2, past=2),
+        _block_case(1, 2, 3, 1, 1, eps=None),
+        _block_case(1, 2, 3, 1, 1, eps=0.5),
     ),
     tests=(
         Test(
@@ -425,12 +428,15 @@ MODEL = Graded(
         Dim("calls (chunks)", lambda c: len(c.kwargs["chunks"])),
         *(Dim(k, lambda c, k=k: c.init_kwargs[k]) for k in MODEL_SIZES),
     ),
-    # the smallest GPT: two tokens at once, then one at a time (the cache), then 2 + 1
+    # the smallest GPT: two tokens at once, then one at a time (the cache), then 2 + 1;
+    # eps left at its default and eps = 0.5, as GPTBlock's
     small=(
         _chunked_case(1, [2], **SMALL_GPT),
         _chunked_case(1, [1, 1], **SMALL_GPT),
         _chunked_case(1, [2, 1], **SMALL_GPT),
         _chunked_case(2, [2, 2], **{**SMALL_GPT, "hidden_size": 4, "num_heads": 2}),
+        _chunked_case(1, [2], eps=None, **SMALL_GPT),
+        _chunked_case(1, [2], eps=0.5, **SMALL_GPT),
     ),
     tests=(
         Test(
@@ -1079,6 +1085,8 @@ SAMPLE = Graded(
         # and unfiltered, at every value level: two layers and a prompt of 3 show a future
         # that leaks into the last position's logits
         _sampling_case(2, 3, 4, **SMALL_GPT2),
+        # top-k of 2 in a batch of one: a k taken from another axis than the vocabulary's
+        _sampling_case(1, 1, 3, top_k=2, **SMALL_GPT),
     ),
     tests=(
         Test(
