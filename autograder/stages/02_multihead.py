@@ -282,6 +282,8 @@ MULTI_HEAD_ATTENTION = Graded(
         _mha(1, 2, None, 2, 2, mask="padding"),
         _mha(1, 2, None, 2, 2, mask="causal"),
         _mha(1, 2, None, 2, 2, bias=False),
+        # a batch of two (heads merged along the wrong axis mix the sentences), bias at its default
+        _mha(2, 2, None, 2, 2, bias=None),
     ),
     tests=(
         Test(
