@@ -361,7 +361,8 @@ BEST_SPAN = Graded(
     variants=BEST_SPAN_VARIANTS,
     # [CLS] q [SEP] and a context of one to four tokens; limits of 1 and 2; rows whose
     # context logits are all negative (a masked position's 0 must not win); several rows,
-    # where one mistake shows and another does not. The logits are integers at every level.
+    # where one mistake shows and another does not; one long answer under the default limit.
+    # The logits are integers at every level.
     small=tuple(
         _span_case(**kwargs)
         for kwargs in (
@@ -371,6 +372,8 @@ BEST_SPAN = Graded(
             dict(b=2, length=7, max_answer_len=1, negative_rows=1),
             dict(b=3, length=8, max_answer_len=1),
             dict(b=3, length=8, max_answer_len=2, high=2),
+            # the default limit: a best span of 16 tokens, longer than a limit of 15 allows
+            dict(b=1, length=20, long_answer=True),
         )
     ),
     dims=(
