@@ -103,7 +103,7 @@ def _small(plan: StagePlan, first: int, tensors: dict[str, torch.Tensor]) -> lis
 
 def build(spec: StageSpec) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(tensors, metadata) of the stage's public self-check data, computed on the CPU, on
-    one thread (a thread pool on a busy machine made 10 and 12 take 4x as long)."""
+    one thread (beside two busy cores a thread pool made 10's and 12's take 2.4x as long)."""
     with one_thread():
         plan = StagePlan.build(spec, "cpu", hidden=False)
         tensors = dict(plan.inputs)

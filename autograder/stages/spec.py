@@ -371,7 +371,7 @@ def _within_budget(found: list[Any], limit: int) -> list[Any]:
     first: dict[tuple[int, int], int] = {}
     for i, ((_, _, d, b), *_) in enumerate(found):
         first.setdefault((b, d), i)
-    keep = set(sorted(first.values())[:limit])
+    keep = set(list(first.values())[:limit])  # first seen = smallest: already in order
     for i in range(len(found)):
         if len(keep) >= limit:
             break
